@@ -1,0 +1,62 @@
+"""The FastAPI application: routers by domain, one error body, auth on everything but health and docs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
+
+from service.auth import require_token
+from service.context import AppContext, build_context
+from service.db import migrate
+from service.environments.routes import router as environments_router
+from service.health.routes import router as health_router
+from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from service.settings import Settings
+
+logger = logging.getLogger("rlctl")
+
+API_DESCRIPTION = """\
+REST control plane for reinforcement-learning fine-tuning of language models on Tinker + Atropos.
+
+Every route but `/healthz`, `/readyz` and the docs needs `Authorization: Bearer $RLCTL_API_TOKEN` when the
+server has a token. Errors share one body: `{"error": {"code", "message", "details"}}`.
+"""
+
+
+def create_app(settings: Settings | None = None, migrate_on_start: bool = True) -> FastAPI:
+    context = build_context(settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if migrate_on_start:
+            await run_in_threadpool(migrate.upgrade, context.db)
+        yield
+        context.db.dispose()
+
+    app = FastAPI(
+        title="rlctl",
+        version="0.1.0",
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=lambda route: route.name,
+    )
+    app.state.context = context
+    install_error_handlers(app)
+    app.include_router(health_router)
+    protected = [Depends(require_token)]
+    app.include_router(environments_router, dependencies=protected)
+    app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def _body_limit(context: AppContext):  # type: ignore[no-untyped-def]
+    def limit_for(_scope: Scope) -> int:
+        return context.settings.max_body_bytes
+
+    return limit_for

@@ -1,0 +1,95 @@
+"""The `rlctl` command: serve the API, manage the database, build the tiny local model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from service.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    return int(args.handler(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlctl", description="REST control plane for RL fine-tuning.")
+    commands = parser.add_subparsers(title="commands")
+
+    serve = commands.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.set_defaults(handler=cmd_serve)
+
+    db = commands.add_parser("db", help="database schema").add_subparsers(title="db commands")
+    upgrade = db.add_parser("upgrade", help="apply the migrations")
+    upgrade.add_argument("--revision", default="head")
+    upgrade.set_defaults(handler=cmd_db_upgrade)
+    current = db.add_parser("current", help="show the schema revision")
+    current.set_defaults(handler=cmd_db_current)
+
+    model = commands.add_parser("model", help="local models").add_subparsers(title="model commands")
+    tiny = model.add_parser("init-tiny", help="build a tiny random model and tokenizer (no download)")
+    tiny.add_argument("directory", type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(handler=cmd_model_init_tiny)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+    from service.auth import is_loopback
+    from service.observability import configure_logging
+
+    settings = Settings()
+    if settings.api_token is None and not is_loopback(args.host):
+        print(
+            f"refusing to listen on {args.host} without RLCTL_API_TOKEN: set a token, or bind to 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
+    configure_logging(settings.log_level, settings.log_format, settings.secret_values)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from service.db import migrate
+    from service.db.engine import Database
+
+    db = Database(Settings().sqlalchemy_url)
+    migrate.upgrade(db, args.revision)
+    print(f"database at revision {migrate.current_revision(db)}")
+    db.dispose()
+    return 0
+
+
+def cmd_db_current(_args: argparse.Namespace) -> int:
+    from service.db import migrate
+    from service.db.engine import Database
+
+    db = Database(Settings().sqlalchemy_url)
+    current, head = migrate.current_revision(db), migrate.head_revision()
+    print(f"current {current}, head {head}")
+    db.dispose()
+    return 0 if current == head else 1
+
+
+def cmd_model_init_tiny(args: argparse.Namespace) -> int:
+    from trainer.tiny_model import init_tiny_model
+
+    path = init_tiny_model(args.directory, seed=args.seed)
+    print(f"tiny model ready in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

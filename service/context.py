@@ -1,0 +1,28 @@
+"""What the HTTP layer and the agent tools share: settings, database, catalog (one per process)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from service.db.engine import Database
+from service.environments.catalog import EnvironmentCatalog, child_process_environment
+from service.settings import SECRET_ENV_NAMES, Settings
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    db: Database
+    catalog: EnvironmentCatalog
+    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+
+def build_context(settings: Settings) -> AppContext:
+    settings.data_path.mkdir(parents=True, exist_ok=True)
+    catalog = EnvironmentCatalog(
+        directories=lambda: settings.environment_directories,
+        schema_timeout_s=settings.schema_timeout_s,
+        child_environment=lambda: child_process_environment(set(SECRET_ENV_NAMES)),
+    )
+    return AppContext(settings=settings, db=Database(settings.sqlalchemy_url), catalog=catalog)

@@ -1,0 +1,154 @@
+"""The schema. Alembic migrations in `migrations/` create it; keep both in step."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from service.db.types import UTCDateTime, utcnow
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    environment: Mapped[str] = mapped_column(String(128), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    config_path: Mapped[str | None] = mapped_column(String(1024))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    wandb_project: Mapped[str | None] = mapped_column(String(256))
+    wandb_run_name: Mapped[str | None] = mapped_column(String(256))
+    wandb_url: Mapped[str | None] = mapped_column(String(1024))
+    failure: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    stalled: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    weights: Mapped[str | None] = mapped_column(String(1024))
+    ports: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    owner_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+
+    processes: Mapped[list[RunProcess]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", order_by="RunProcess.id"
+    )
+
+    __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),)
+
+
+class RunProcess(Base):
+    """One supervised process of a run: enough to recognise it again after a service restart."""
+
+    __tablename__ = "run_processes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pgid: Mapped[int | None] = mapped_column(Integer)
+    start_time: Mapped[float | None] = mapped_column(Float)
+    port: Mapped[int | None] = mapped_column(Integer)
+    log_path: Mapped[str | None] = mapped_column(String(1024))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    signal: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+
+    run: Mapped[Run] = relationship(back_populates="processes")
+
+    __table_args__ = (UniqueConstraint("run_id", "role", name="uq_run_processes_run_id_role"),)
+
+
+class RunMetric(Base):
+    __tablename__ = "run_metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "name", "step", name="uq_run_metrics_run_id_name_step"),
+        Index("ix_run_metrics_run_id_step", "run_id", "step"),
+    )
+
+
+class StatusCheck(Base):
+    """The last live status check of a run: the rate limit is a compare-and-set on `checked_at`."""
+
+    __tablename__ = "status_checks"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    checked_at: Mapped[datetime]
+    snapshot: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    checks_allowed: Mapped[int] = mapped_column(Integer, default=0)
+    checks_limited: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ToolSession(Base):
+    """An agent's tool session: its selected environment and pending config."""
+
+    __tablename__ = "tool_sessions"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    selected_environment: Mapped[str | None] = mapped_column(String(128))
+    pending_config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Job(Base):
+    """A long operation run in the background (dataset operations, inference tests, collections)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int | None] = mapped_column(Integer)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    owner_id: Mapped[str | None] = mapped_column(String(64))
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_jobs_created_at_id", "created_at", "id"),)

@@ -1,0 +1,1 @@
+"""Environment catalog: discovery by AST, config schemas read in a child process."""

@@ -1,0 +1,102 @@
+"""One error hierarchy, mapped to one error body: {"error": {"code", "message", "details"}}.
+
+Services raise these; the HTTP layer maps them (service/app.py) and the agent tools turn them into
+results with an `error` field. Codes are stable: clients and agents branch on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    status_code = 400
+    code = "BAD_REQUEST"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+    def to_body(self, request_id: str | None = None) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message, "details": self.details}
+        if request_id:
+            error["request_id"] = request_id
+        return {"error": error}
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    code = "UNAUTHORIZED"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    code = "NOT_FOUND"
+
+
+class EnvironmentNotFound(NotFound):
+    code = "ENVIRONMENT_NOT_FOUND"
+
+
+class RunNotFound(NotFound):
+    code = "RUN_NOT_FOUND"
+
+
+class Conflict(ServiceError):
+    status_code = 409
+    code = "CONFLICT"
+
+
+class InvalidState(Conflict):
+    code = "INVALID_STATE"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class ValidationFailed(ServiceError):
+    status_code = 422
+    code = "VALIDATION_ERROR"
+
+
+class InvalidName(ValidationFailed):
+    code = "INVALID_NAME"
+
+
+class UnknownField(ValidationFailed):
+    code = "UNKNOWN_FIELD"
+
+
+class FieldLocked(ValidationFailed):
+    code = "FIELD_LOCKED"
+
+
+class RateLimited(ServiceError):
+    status_code = 429
+    code = "RATE_LIMITED"
+
+    def __init__(self, message: str, retry_after_s: float, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(ServiceError):
+    status_code = 503
+    code = "UNAVAILABLE"
+
+
+class EnvironmentLoadFailed(ServiceError):
+    """The environment file could not be imported (in its child process) or timed out."""
+
+    status_code = 422
+    code = "ENVIRONMENT_LOAD_FAILED"
+
+
+class BackendUnavailable(ServiceError):
+    """The chosen training backend lacks what it needs (e.g. tinker without TINKER_API_KEY)."""
+
+    status_code = 422
+    code = "BACKEND_UNAVAILABLE"

@@ -1,0 +1,285 @@
+"""Run configuration (SPEC §4): configurable vs locked fields, typed validation of edits, the merged YAML.
+
+Pure logic: no HTTP, no database, no files. Inputs are the environment's config schema (read in a child
+process by the catalog), the caller's edits and the operator's settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jsonschema
+import yaml
+
+from service.environments.catalog import ConfigSchema, FieldSchema
+from service.errors import FieldLocked, UnknownField, ValidationFailed
+from service.settings import Backend, Settings
+
+BACKENDS: tuple[Backend, ...] = ("tinker", "local")
+DEFAULT_WANDB_PROJECT = "atropos-tinker"
+DEFAULT_GROUP_SIZE = 16
+DEFAULT_BATCH_SIZE = 128
+# Sizes rlctl chooses when an environment's config_init() leaves them at Atropos's class defaults.
+SIZE_FIELDS = ("group_size", "batch_size")
+PLACEHOLDER_URL = "http://127.0.0.1:{port allocated per run}"
+
+
+@dataclass(frozen=True)
+class LockedField:
+    name: str
+    type: str
+    description: str
+    in_env: bool  # also written to the `env` section (the environment's config class has it)
+
+
+LOCKED_FIELDS: tuple[LockedField, ...] = (
+    LockedField("tokenizer_name", "str", "Tokenizer and base model the run trains.", True),
+    LockedField("rollout_server_url", "str", "Atropos trajectory API; a port allocated per run.", True),
+    LockedField("max_token_length", "int", "Longest sequence an environment may generate.", True),
+    LockedField("max_num_workers", "int", "Most rollout workers an environment runs at once.", True),
+    LockedField("worker_timeout", "float", "Seconds before a rollout worker is abandoned.", True),
+    LockedField("total_steps", "int", "Training steps of the run.", True),
+    LockedField("steps_per_eval", "int", "Steps between evaluations.", True),
+    LockedField("max_batches_offpolicy", "int", "Batches allowed in the queue ahead of training.", True),
+    LockedField("inference_weight", "float", "Weight of this environment's rollouts.", True),
+    LockedField("eval_limit_ratio", "float", "Share of workers kept during evaluation.", True),
+    LockedField("lora_rank", "int", "Rank of the LoRA adapter.", False),
+    LockedField("learning_rate", "float", "Adam learning rate.", False),
+    LockedField("max_token_trainer_length", "int", "Longest sequence the trainer accepts.", False),
+    LockedField("save_checkpoint_interval", "int", "Steps between checkpoints.", False),
+)
+LOCKED_NAMES = frozenset(f.name for f in LOCKED_FIELDS)
+# Environment fields rlctl sets itself: paths on the server and W&B switches are not a caller's to choose.
+MANAGED_ENV_FIELDS = {
+    "use_wandb": "On when W&B is configured on the server.",
+    "data_path_to_save_groups": "Not used by supervised runs.",
+    "data_dir_to_save_evals": "Not used by supervised runs.",
+}
+
+
+@dataclass(frozen=True)
+class ConfigurableField:
+    name: str
+    type: str
+    default: Any
+    description: str
+    json_schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunPlacement:
+    """Where a run lives: allocated by the supervisor, not chosen by the caller."""
+
+    api_port: int | None = None
+    inference_port: int | None = None
+    run_dir: str | None = None
+
+
+def locked_values(settings: Settings, backend: Backend) -> dict[str, Any]:
+    values = {
+        "tokenizer_name": settings.tokenizer_name,
+        "rollout_server_url": PLACEHOLDER_URL,
+        "max_token_length": settings.max_token_length,
+        "max_num_workers": settings.max_num_workers,
+        "worker_timeout": settings.worker_timeout,
+        "total_steps": settings.total_steps,
+        "steps_per_eval": settings.steps_per_eval,
+        "max_batches_offpolicy": settings.max_batches_offpolicy,
+        "inference_weight": settings.inference_weight,
+        "eval_limit_ratio": settings.eval_limit_ratio,
+        "lora_rank": settings.lora_rank,
+        "learning_rate": settings.learning_rate,
+        "max_token_trainer_length": settings.max_token_trainer_length,
+        "save_checkpoint_interval": settings.save_checkpoint_interval,
+    }
+    if backend == "local":
+        values.update(
+            tokenizer_name=settings.local_base_model or str(settings.tiny_model_dir),
+            max_token_length=settings.local_max_token_length,
+            total_steps=settings.local_total_steps,
+            steps_per_eval=settings.local_steps_per_eval,
+            lora_rank=settings.local_lora_rank,
+            learning_rate=settings.local_learning_rate,
+            max_token_trainer_length=settings.local_max_token_trainer_length,
+            save_checkpoint_interval=settings.local_save_checkpoint_interval,
+        )
+    return values
+
+
+def locked_fields(settings: Settings, backend: Backend) -> list[dict[str, Any]]:
+    values = locked_values(settings, backend)
+    return [
+        {"name": f.name, "type": f.type, "value": values[f.name], "description": f.description} for f in LOCKED_FIELDS
+    ]
+
+
+def configurable_fields(
+    env_name: str, schema: ConfigSchema, settings: Settings, backend: Backend
+) -> list[ConfigurableField]:
+    fields = [
+        ConfigurableField(
+            "backend",
+            "Literal['tinker', 'local']",
+            settings.effective_default_backend,
+            "Training backend: the Tinker service, or torch + peft on this machine.",
+            {"enum": list(BACKENDS)},
+        ),
+        ConfigurableField("wandb_project", "str", DEFAULT_WANDB_PROJECT, "W&B project of the run.", {"type": "string"}),
+    ]
+    for field in schema.fields:
+        if field.name in LOCKED_NAMES or field.name in MANAGED_ENV_FIELDS:
+            continue
+        default = _default_for(field, settings, backend)
+        description = field.description
+        if field.name == "wandb_name":
+            description = f"W&B run name; when unset, {env_name}-YYYYmmdd-HHMMSS."
+        fields.append(ConfigurableField(field.name, field.type, default, description, field.json_schema))
+    return fields
+
+
+def validate_edits(
+    edits: dict[str, Any], fields: list[ConfigurableField], schema: ConfigSchema, locked: dict[str, Any]
+) -> dict[str, Any]:
+    """Check every edit against its field's type and constraints; raise the first problem, listing all."""
+    by_name = {f.name: f for f in fields}
+    problems: list[tuple[type[ValidationFailed], dict[str, Any]]] = []
+    for name, value in edits.items():
+        if name in locked or name in MANAGED_ENV_FIELDS:
+            shown = locked.get(name, "managed by rlctl")
+            problems.append(
+                (
+                    FieldLocked,
+                    {"field": name, "message": f"{name} is locked by the server", "locked_value": shown},
+                )
+            )
+        elif name not in by_name:
+            problems.append(
+                (
+                    UnknownField,
+                    {
+                        "field": name,
+                        "message": f"unknown field {name!r}",
+                        "available_fields": sorted(by_name),
+                    },
+                )
+            )
+        elif message := _type_error(value, by_name[name], schema.defs):
+            problems.append((ValidationFailed, {"field": name, "message": message, "expected": by_name[name].type}))
+    if not problems:
+        problems.extend(_cross_field_problems({**_defaults(fields), **edits}))
+    if problems:
+        error_type, first = problems[0]
+        raise error_type(first["message"], {**first, "errors": [p for _, p in problems]})
+    return dict(edits)
+
+
+def effective_values(edits: dict[str, Any], fields: list[ConfigurableField]) -> dict[str, Any]:
+    return {**_defaults(fields), **edits}
+
+
+def build_run_config(
+    env_name: str,
+    schema: ConfigSchema,
+    edits: dict[str, Any],
+    settings: Settings,
+    placement: RunPlacement,
+    now: datetime,
+    wandb_enabled: bool = False,
+) -> dict[str, Any]:
+    """The merged config: config_init() values < caller's edits < locked values, in the YAML's sections."""
+    backend: Backend = edits.get("backend") or settings.effective_default_backend
+    fields = configurable_fields(env_name, schema, settings, backend)
+    values = effective_values(edits, fields)
+    locked = locked_values(settings, backend)
+    api_url = f"http://127.0.0.1:{placement.api_port}" if placement.api_port else PLACEHOLDER_URL
+    locked["rollout_server_url"] = api_url
+    wandb_name = values.get("wandb_name") or f"{env_name}-{now:%Y%m%d-%H%M%S}"
+    env_field_names = {f.name for f in schema.fields}
+
+    env_section = {f.name: f.default for f in schema.fields}
+    env_section.update({k: v for k, v in values.items() if k in env_field_names})
+    env_section.update({f.name: locked[f.name] for f in LOCKED_FIELDS if f.in_env and f.name in env_field_names})
+    env_section["wandb_name"] = wandb_name
+    for managed in MANAGED_ENV_FIELDS:
+        if managed in env_field_names:
+            env_section[managed] = wandb_enabled if managed == "use_wandb" else None
+
+    inference_url = (
+        f"http://127.0.0.1:{placement.inference_port}/v1" if placement.inference_port else PLACEHOLDER_URL + "/v1"
+    )
+    return {
+        "env": env_section,
+        "openai": [
+            {
+                "model_name": locked["tokenizer_name"],
+                "base_url": inference_url,
+                "api_key": "local",
+                "server_type": "sglang",
+                "health_check": False,
+                "timeout": int(locked["worker_timeout"]),
+            }
+        ],
+        "tinker": {
+            "backend": backend,
+            "base_model": locked["tokenizer_name"],
+            "lora_rank": locked["lora_rank"],
+            "learning_rate": locked["learning_rate"],
+            "total_steps": locked["total_steps"],
+            "batch_size": values["batch_size"],
+            "group_size": values["group_size"],
+            "max_token_trainer_length": locked["max_token_trainer_length"],
+            "save_checkpoint_interval": locked["save_checkpoint_interval"],
+            "inference_host": "127.0.0.1",
+            "inference_port": placement.inference_port,
+            "run_dir": placement.run_dir,
+            "wandb_project": values["wandb_project"],
+            "wandb_run_name": wandb_name,
+            "seed": 0,
+        },
+        "slurm": False,
+        "testing": False,
+    }
+
+
+def render_yaml(config: dict[str, Any]) -> str:
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def _defaults(fields: list[ConfigurableField]) -> dict[str, Any]:
+    return {f.name: f.default for f in fields}
+
+
+def _default_for(field: FieldSchema, settings: Settings, backend: Backend) -> Any:
+    """config_init()'s value; rlctl's own default where config_init() left a size at Atropos's class default."""
+    if field.name == "wandb_name":
+        return None  # auto: {env}-{YYYYmmdd-HHMMSS}, the name the trainer logs under
+    if field.name in SIZE_FIELDS and not field.set_by_init:
+        if backend == "local":
+            return settings.local_group_size if field.name == "group_size" else settings.local_batch_size
+        return DEFAULT_GROUP_SIZE if field.name == "group_size" else DEFAULT_BATCH_SIZE
+    return field.default
+
+
+def _type_error(value: Any, field: ConfigurableField, defs: dict[str, Any]) -> str | None:
+    schema = {**field.json_schema, "$defs": defs}
+    schema.pop("default", None)
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    return f"{field.name} expects {field.type}: {error.message}"
+
+
+def _cross_field_problems(values: dict[str, Any]) -> list[tuple[type[ValidationFailed], dict[str, Any]]]:
+    group, batch = values.get("group_size"), values.get("batch_size")
+    if not isinstance(group, int) or not isinstance(batch, int):
+        return []
+    if group < 2:
+        message = "group_size must be at least 2: GRPO compares rollouts within a group"
+        return [(ValidationFailed, {"field": "group_size", "message": message})]
+    if batch < group or batch % group:
+        message = f"batch_size ({batch}) must be a positive multiple of group_size ({group}): groups are never split"
+        return [(ValidationFailed, {"field": "batch_size", "message": message})]
+    return []

@@ -1,0 +1,33 @@
+"""Response and request models shared by every domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. RUN_NOT_FOUND.")
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+    request_id: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route documents (all share the one error body)."""
+    descriptions = {
+        400: "Bad request",
+        401: "Missing or wrong bearer token",
+        404: "Not found",
+        409: "Conflict with the current state",
+        413: "Request body too large",
+        422: "Invalid input",
+        429: "Rate limited",
+        503: "Not ready",
+    }
+    return {code: {"model": ErrorBody, "description": descriptions[code]} for code in status_codes}

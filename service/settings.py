@@ -1,0 +1,124 @@
+"""Server settings: environment variables prefixed `RLCTL_`, or a `.env` file.
+
+The locked run fields (SPEC §4) live here: the operator sets them, API callers only see them.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Backend = Literal["tinker", "local"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILTIN_ENVIRONMENTS_DIR = REPO_ROOT / "environments"
+# Never written to a file, a log line, the database or a response; passed to children through their environment.
+SECRET_ENV_NAMES = frozenset(
+    {
+        "RLCTL_API_TOKEN",
+        "TINKER_API_KEY",
+        "RLCTL_TINKER_API_KEY",
+        "WANDB_API_KEY",
+        "RLCTL_WANDB_API_KEY",
+        "OPENROUTER_API_KEY",
+        "RLCTL_OPENROUTER_API_KEY",
+    }
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLCTL_", env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    # --- service ---
+    data_dir: Path = Field(Path("./var"), description="Where the database, runs and logs live.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in the data dir.")
+    api_token: SecretStr | None = Field(None, description="Bearer token required on every API call.")
+    environment_dirs: str = Field("", description="Extra environment directories, ':'-separated.")
+    status_check_interval_s: float = Field(1800, ge=0, description="Minimum time between live status checks.")
+    gsm8k_path: Path | None = Field(None, description="Directory with GSM8K train.jsonl and test.jsonl.")
+    schema_timeout_s: float = Field(90, gt=0, description="Time-out for importing an environment.")
+    max_body_bytes: int = Field(1 << 20, gt=0, description="Largest JSON request body accepted.")
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    default_backend: Backend | None = Field(
+        None, description="Backend of a run that does not name one; tinker when a Tinker key is set."
+    )
+
+    # --- secrets read from their conventional names (never stored, never returned) ---
+    tinker_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("TINKER_API_KEY", "RLCTL_TINKER_API_KEY")
+    )
+    wandb_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("WANDB_API_KEY", "RLCTL_WANDB_API_KEY"))
+    openrouter_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("OPENROUTER_API_KEY", "RLCTL_OPENROUTER_API_KEY")
+    )
+
+    # --- locked run fields (SPEC §4), tinker backend ---
+    tokenizer_name: str = "Qwen/Qwen3-8B"
+    max_token_length: int = 8192
+    max_num_workers: int = 2048
+    worker_timeout: float = 3600
+    total_steps: int = 2500
+    steps_per_eval: int = 25
+    max_batches_offpolicy: int = 3
+    inference_weight: float = 1.0
+    eval_limit_ratio: float = 0.1
+    lora_rank: int = 32
+    learning_rate: float = 4e-5
+    max_token_trainer_length: int = 9000
+    save_checkpoint_interval: int = 25
+
+    # --- locked run fields of the local backend (tiny model on CPU: learns `echo` in minutes) ---
+    local_base_model: str | None = Field(None, description="Model dir or cached id; default: the tiny model.")
+    local_max_token_length: int = 64
+    local_total_steps: int = 40
+    local_steps_per_eval: int = 1000
+    local_lora_rank: int = 8
+    local_learning_rate: float = 1e-2
+    local_max_token_trainer_length: int = 128
+    local_save_checkpoint_interval: int = 20
+    # Sizes of a local run whose environment sets none in config_init() (Atropos class defaults otherwise).
+    local_batch_size: int = 32
+    local_group_size: int = 8
+
+    @cached_property
+    def data_path(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return normalize_database_url(self.database_url or f"sqlite:///{self.data_path / 'rlctl.db'}")
+
+    @property
+    def environment_directories(self) -> list[Path]:
+        extra = [Path(p).expanduser().resolve() for p in self.environment_dirs.split(os.pathsep) if p.strip()]
+        return [BUILTIN_ENVIRONMENTS_DIR, *extra]
+
+    @property
+    def tiny_model_dir(self) -> Path:
+        return self.data_path / "models" / "tiny-qwen3"
+
+    @property
+    def effective_default_backend(self) -> Backend:
+        if self.default_backend:
+            return self.default_backend
+        return "tinker" if self.tinker_api_key else "local"
+
+    @property
+    def secret_values(self) -> list[str]:
+        """Every configured secret, so log and response scrubbers can look for them."""
+        secrets = [self.api_token, self.tinker_api_key, self.wandb_api_key, self.openrouter_api_key]
+        return [s.get_secret_value() for s in secrets if s and s.get_secret_value()]
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept plain `postgresql://` URLs and pick the installed driver (psycopg 3)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url

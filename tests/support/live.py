@@ -1,0 +1,50 @@
+"""The real service on a loopback port, in a thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.settings import Settings
+from tests.support.waiting import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LiveService:
+    base_url: str
+    app: FastAPI
+    settings: Settings
+
+    def client(self, token: str | None = None, **kwargs: object) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=120, **kwargs)
+
+
+@contextmanager
+def live_service(settings: Settings) -> Iterator[LiveService]:
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, name=f"rlctl-test-{port}", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: server.started, timeout=60, message="service start-up")
+        yield LiveService(base_url, app, settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
