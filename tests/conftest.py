@@ -14,7 +14,18 @@ from tests.support.databases import database_kinds, fresh_database
 from tests.support.live import LiveService, live_service
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = Path(os.environ.get("RLCTL_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+
+
+def _shared_data() -> Path:
+    """`../shared/data` beside the checkout (or RLCTL_SHARED_DATA); read there, never copied into the repo."""
+    candidates = [os.environ.get("RLCTL_SHARED_DATA"), REPO_ROOT.parent / "shared" / "data", "/work/shared/data"]
+    for candidate in filter(None, candidates):
+        if Path(candidate, "gsm8k").is_dir():
+            return Path(candidate).resolve()
+    raise RuntimeError("the shared data directory (../shared/data) is missing; set RLCTL_SHARED_DATA")
+
+
+SHARED_DATA = _shared_data()
 
 # Secrets of the developer's shell must not leak into tests (nor tests depend on them).
 for _name in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN"):
