@@ -16,6 +16,9 @@ from service.db import migrate
 from service.environments.routes import router as environments_router
 from service.health.routes import router as health_router
 from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from service.runs.manager import RunManager
+from service.runs.routes import logs_router as run_logs_router
+from service.runs.routes import router as runs_router
 from service.settings import Settings
 
 logger = logging.getLogger("rlctl")
@@ -30,13 +33,19 @@ server has a token. Errors share one body: `{"error": {"code", "message", "detai
 
 def create_app(settings: Settings | None = None, migrate_on_start: bool = True) -> FastAPI:
     context = build_context(settings or Settings())
+    context.runs = RunManager(context)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)
-        yield
-        context.db.dispose()
+        await run_in_threadpool(context.runs.open)
+        try:
+            yield
+        finally:
+            # Runs keep running across a service restart: they are re-adopted at the next start.
+            await run_in_threadpool(context.runs.close)
+            context.db.dispose()
 
     app = FastAPI(
         title="rlctl",
@@ -50,6 +59,8 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(health_router)
     protected = [Depends(require_token)]
     app.include_router(environments_router, dependencies=protected)
+    app.include_router(runs_router, dependencies=protected)
+    app.include_router(run_logs_router, dependencies=protected)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from service.db.engine import Database
 from service.environments.catalog import EnvironmentCatalog, child_process_environment
@@ -15,7 +15,7 @@ class AppContext:
     settings: Settings
     db: Database
     catalog: EnvironmentCatalog
-    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    runs: Any = None  # the RunManager, set by the app (it needs the context to exist first)
 
 
 def build_context(settings: Settings) -> AppContext:

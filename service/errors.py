@@ -17,12 +17,13 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
         self.details = details or {}
+        self.extra: dict[str, Any] = {}  # top-level fields some errors add beside "error"
 
     def to_body(self, request_id: str | None = None) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.code, "message": self.message, "details": self.details}
         if request_id:
             error["request_id"] = request_id
-        return {"error": error}
+        return {"error": error, **self.extra}
 
 
 class Unauthorized(ServiceError):
@@ -81,6 +82,7 @@ class RateLimited(ServiceError):
     def __init__(self, message: str, retry_after_s: float, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, details)
         self.retry_after_s = retry_after_s
+        self.extra = dict(details or {})
 
 
 class Unavailable(ServiceError):
@@ -96,7 +98,7 @@ class EnvironmentLoadFailed(ServiceError):
 
 
 class BackendUnavailable(ServiceError):
-    """The chosen training backend lacks what it needs (e.g. tinker without TINKER_API_KEY)."""
+    """The chosen training backend lacks what it needs here (e.g. tinker without TINKER_API_KEY)."""
 
-    status_code = 422
+    status_code = 409
     code = "BACKEND_UNAVAILABLE"

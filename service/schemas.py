@@ -20,14 +20,25 @@ class ErrorBody(BaseModel):
 
 def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error statuses a route documents (all share the one error body)."""
-    descriptions = {
-        400: "Bad request",
-        401: "Missing or wrong bearer token",
-        404: "Not found",
-        409: "Conflict with the current state",
-        413: "Request body too large",
-        422: "Invalid input",
-        429: "Rate limited",
-        503: "Not ready",
+    return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in status_codes}
+
+
+def json_error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
+    """The same, for routes whose success is not JSON (their errors still are)."""
+    schema = {"$ref": "#/components/schemas/ErrorBody"}
+    return {
+        code: {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": schema}}}
+        for code in status_codes
     }
-    return {code: {"model": ErrorBody, "description": descriptions[code]} for code in status_codes}
+
+
+_DESCRIPTIONS = {
+    400: "Bad request",
+    401: "Missing or wrong bearer token",
+    404: "Not found",
+    409: "Conflict with the current state",
+    413: "Request body too large",
+    422: "Invalid input",
+    429: "Rate limited",
+    503: "Not ready",
+}

@@ -49,10 +49,23 @@ class Settings(BaseSettings):
         None, description="Backend of a run that does not name one; tinker when a Tinker key is set."
     )
 
+    # --- supervision of runs ---
+    api_ready_timeout_s: float = Field(60, gt=0, description="Time for the Atropos API to answer.")
+    trainer_ready_timeout_s: float = Field(900, gt=0, description="Time for the trainer's inference server.")
+    env_ready_timeout_s: float = Field(600, gt=0, description="Time for the environment to register.")
+    stop_grace_s: float = Field(15, ge=0, description="SIGTERM to SIGKILL grace period per process.")
+    stall_after_s: float = Field(1800, gt=0, description="A run with no new training step for this long is stalled.")
+    drain_timeout_s: float = Field(900, gt=0, description="Time the trainer has to finish once the env is done.")
+    monitor_interval_s: float = Field(1.0, gt=0, description="How often live runs are polled.")
+    heartbeat_interval_s: float = Field(10, gt=0, description="How often this replica marks its runs alive.")
+    replica_stale_after_s: float = Field(120, gt=0, description="A replica silent this long has died.")
+    replica_id: str | None = Field(None, description="This replica's id; default: host name + data dir.")
+
     # --- secrets read from their conventional names (never stored, never returned) ---
     tinker_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("TINKER_API_KEY", "RLCTL_TINKER_API_KEY")
     )
+    tinker_base_url: str | None = Field(None, validation_alias=AliasChoices("TINKER_BASE_URL", "RLCTL_TINKER_BASE_URL"))
     wandb_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("WANDB_API_KEY", "RLCTL_WANDB_API_KEY"))
     openrouter_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("OPENROUTER_API_KEY", "RLCTL_OPENROUTER_API_KEY")

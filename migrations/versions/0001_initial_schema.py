@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column("config", sa.JSON(), nullable=False),
         sa.Column("config_path", sa.String(length=1024), nullable=True),
         sa.Column("idempotency_key", sa.String(length=200), nullable=True),
+        sa.Column("request_hash", sa.String(length=64), nullable=True),
         sa.Column("wandb_project", sa.String(length=256), nullable=True),
         sa.Column("wandb_run_name", sa.String(length=256), nullable=True),
         sa.Column("wandb_url", sa.String(length=1024), nullable=True),

@@ -45,6 +45,7 @@ class Run(Base):
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     config_path: Mapped[str | None] = mapped_column(String(1024))
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
     wandb_project: Mapped[str | None] = mapped_column(String(256))
     wandb_run_name: Mapped[str | None] = mapped_column(String(256))
     wandb_url: Mapped[str | None] = mapped_column(String(1024))

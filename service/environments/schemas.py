@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.settings import Backend
 
@@ -50,6 +50,8 @@ class EnvironmentDetail(EnvironmentSummary):
 
 
 class ConfigPreviewRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     config: dict[str, Any] = Field(default_factory=dict, description="Edits of configurable fields.")
     backend: Backend | None = Field(None, description="Training backend; the server's default when absent.")
 

@@ -1,0 +1,97 @@
+"""How a run's processes are started: commands, environments, readiness probes, ports."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.runs.paths import RunPaths
+from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
+from supervisor.process import ProcessSpec
+from supervisor.readiness import atropos_env_registered, http_answers
+from supervisor.run import API, ENV, TRAINER
+
+ENV_HOOKS_DIR = REPO_ROOT / "supervisor" / "envhooks"
+
+
+@dataclass(frozen=True)
+class Ports:
+    api: int
+    inference: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"api": self.api, "inference": self.inference}
+
+
+def process_specs(
+    settings: Settings, paths: RunPaths, ports: Ports, environment_file: Path, backend: str
+) -> list[ProcessSpec]:
+    api_url = f"http://127.0.0.1:{ports.api}"
+    config = str(paths.config)
+    return [
+        ProcessSpec(
+            role=API,
+            argv=[sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(ports.api)],
+            env=_base_environment(),
+            cwd=paths.run_dir,
+            log_path=paths.log(API),
+            ready=http_answers(f"{api_url}/"),
+            ready_timeout_s=settings.api_ready_timeout_s,
+        ),
+        ProcessSpec(
+            role=TRAINER,
+            argv=[sys.executable, "-m", "trainer", "--config", config],
+            env=trainer_environment(settings, backend),
+            cwd=REPO_ROOT,
+            log_path=paths.log(TRAINER),
+            ready=http_answers(f"http://127.0.0.1:{ports.inference}/health"),
+            ready_timeout_s=settings.trainer_ready_timeout_s,
+        ),
+        ProcessSpec(
+            role=ENV,
+            argv=[sys.executable, str(environment_file), "serve", "--config", config],
+            env=environment_environment(settings, paths),
+            cwd=paths.run_dir,
+            log_path=paths.log(ENV),
+            ready=atropos_env_registered(api_url),
+            ready_timeout_s=settings.env_ready_timeout_s,
+        ),
+    ]
+
+
+def trainer_environment(settings: Settings, backend: str) -> dict[str, str]:
+    """Secrets reach the trainer through its environment only, never a file."""
+    env = _base_environment()
+    env["RLCTL_DATA_DIR"] = str(settings.data_path)
+    if backend == "tinker" and settings.tinker_api_key:
+        env["TINKER_API_KEY"] = settings.tinker_api_key.get_secret_value()
+    if settings.tinker_base_url:
+        env["TINKER_BASE_URL"] = settings.tinker_base_url
+    env.update(_wandb_environment(settings))
+    return env
+
+
+def environment_environment(settings: Settings, paths: RunPaths) -> dict[str, str]:
+    env = _base_environment()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENV_HOOKS_DIR), env.get("PYTHONPATH", "")]))
+    env["RLCTL_ENV_METRICS_PATH"] = str(paths.env_metrics)
+    if settings.gsm8k_path:
+        env["RLCTL_GSM8K_PATH"] = str(Path(settings.gsm8k_path).expanduser().resolve())
+    env.update(_wandb_environment(settings))
+    return env
+
+
+def _wandb_environment(settings: Settings) -> dict[str, str]:
+    if settings.wandb_api_key:
+        return {"WANDB_API_KEY": settings.wandb_api_key.get_secret_value()}
+    if os.environ.get("WANDB_MODE") == "offline":
+        return {"WANDB_MODE": "offline"}
+    return {"WANDB_MODE": "disabled"}
+
+
+def _base_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

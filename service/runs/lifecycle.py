@@ -1,0 +1,50 @@
+"""Run states and their transitions, each a compare-and-set in the database.
+
+pending → starting → running → stopping → stopped | completed | failed. Terminal states are sticky: no
+transition leaves them, whoever asks and whenever.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from service.db.models import Run
+from service.db.types import utcnow
+
+PENDING, STARTING, RUNNING, STOPPING = "pending", "starting", "running", "stopping"
+STOPPED, COMPLETED, FAILED = "stopped", "completed", "failed"
+TERMINAL = frozenset({STOPPED, COMPLETED, FAILED})
+ACTIVE = frozenset({PENDING, STARTING, RUNNING, STOPPING})
+ALL_STATES = (PENDING, STARTING, RUNNING, STOPPING, STOPPED, COMPLETED, FAILED)
+
+ALLOWED: dict[str, frozenset[str]] = {
+    STARTING: frozenset({PENDING}),
+    RUNNING: frozenset({STARTING}),
+    STOPPING: frozenset({PENDING, STARTING, RUNNING}),
+    STOPPED: frozenset({PENDING, STARTING, RUNNING, STOPPING}),
+    COMPLETED: frozenset({STARTING, RUNNING, STOPPING}),
+    FAILED: frozenset({PENDING, STARTING, RUNNING, STOPPING}),
+}
+
+
+def transition(session: Session, run_id: str, to: str, **fields: Any) -> bool:
+    """Move the run to `to` if its current state allows it; False (nothing changed) otherwise."""
+    now = utcnow()
+    values: dict[str, Any] = {"status": to, "updated_at": now, **fields}
+    if to == RUNNING:
+        values.setdefault("started_at", now)
+    if to in TERMINAL:
+        values.setdefault("ended_at", now)
+    result = session.execute(update(Run).where(Run.id == run_id, Run.status.in_(ALLOWED[to])).values(**values))
+    return result.rowcount == 1
+
+
+def running_seconds(run: Run, now: datetime) -> float:
+    if run.started_at is None:
+        return 0.0
+    end = run.ended_at or now
+    return max(0.0, (end - run.started_at).total_seconds())

@@ -1,0 +1,178 @@
+"""HTTP routes of runs: thin adapters over service.runs.service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from service.context import AppContext
+from service.deps import Ctx
+from service.names import name_path
+from service.runs import service
+from service.runs.schemas import (
+    CreateRunRequest,
+    ProcessRole,
+    RateLimitedBody,
+    RunList,
+    RunMetrics,
+    RunOut,
+    RunResults,
+    RunStatus,
+    RunStatusOut,
+)
+from service.schemas import error_responses, json_error_responses
+
+router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401))
+# Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.
+logs_router = APIRouter(prefix="/runs", tags=["runs"])
+RunId = Annotated[str, name_path("Run id, as returned by POST /runs.")]
+FOLLOW_POLL_S = 0.25
+
+
+@router.post(
+    "",
+    response_model=RunOut,
+    status_code=201,
+    summary="Start a training run",
+    responses={200: {"model": RunOut, "description": "The run an earlier request with this key created"}}
+    | error_responses(404, 409, 413, 422),
+)
+async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> dict:
+    """Validate the config, record the run, then start its three processes (API, trainer, environment).
+
+    The response comes at once with status `pending` or `starting`; poll `GET /runs/{id}`. With an
+    `idempotency_key`, a retried request returns the run the first one created (200) instead of a new one.
+    """
+    run, created = await run_in_threadpool(
+        service.create_run, ctx, ctx.runs, body.environment, body.config, body.backend, body.idempotency_key
+    )
+    if not created:
+        response.status_code = 200
+    return run
+
+
+@router.get("", response_model=RunList, summary="List runs", responses=error_responses(422))
+async def list_runs(
+    ctx: Ctx,
+    status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
+    environment: Annotated[str | None, Query(max_length=128, description="Only runs of this environment.")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None, Query(pattern=service.CURSOR_PATTERN, description="`next_cursor` of the page before.")
+    ] = None,
+) -> dict:
+    """Newest first, `limit` at a time."""
+    return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor)
+
+
+@router.get("/{run_id}", response_model=RunOut, summary="Get a run's record", responses=error_responses(404, 422))
+async def get_run(ctx: Ctx, run_id: RunId) -> dict:
+    """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
+    return await run_in_threadpool(service.get_run, ctx, run_id)
+
+
+@router.get(
+    "/{run_id}/status",
+    response_model=RunStatusOut,
+    summary="Check a run live (rate limited)",
+    responses={429: {"model": RateLimitedBody, "description": "Checked too recently; see Retry-After"}}
+    | error_responses(404, 422),
+)
+async def check_run_status(ctx: Ctx, run_id: RunId) -> dict:
+    """Processes, running time and latest metrics, looked at now. One check per run per
+    `RLCTL_STATUS_CHECK_INTERVAL_S` (30 minutes by default): a check within the interval answers 429 with
+    `Retry-After`, `next_check_in_seconds` and the last snapshot. An unknown id is 404 and uses nothing."""
+    return await run_in_threadpool(service.check_status, ctx, run_id)
+
+
+@router.post(
+    "/{run_id}/stop",
+    response_model=RunOut,
+    summary="Stop a run",
+    responses=error_responses(404, 409, 422),
+)
+async def stop_run(
+    ctx: Ctx,
+    run_id: RunId,
+    wait_s: Annotated[float, Query(ge=0, le=600, description="Wait up to this long for the run to end.")] = 0,
+) -> dict:
+    """Environment, then trainer, then API: SIGTERM to each process group, SIGKILL after the grace period.
+    A run still starting stops starting. A run that has already ended is a 409 INVALID_STATE."""
+    return await run_in_threadpool(service.stop_run, ctx, ctx.runs, run_id, wait_s)
+
+
+@router.get(
+    "/{run_id}/results", response_model=RunResults, summary="Get a run's results", responses=error_responses(404, 422)
+)
+async def get_run_results(ctx: Ctx, run_id: RunId) -> dict:
+    """Final metrics, metric history, checkpoints and the trained weights (local directory or tinker:// URI)."""
+    return await run_in_threadpool(service.get_results, ctx, run_id)
+
+
+@router.get(
+    "/{run_id}/metrics", response_model=RunMetrics, summary="Get a run's metrics", responses=error_responses(404, 422)
+)
+async def get_run_metrics(
+    ctx: Ctx,
+    run_id: RunId,
+    name: Annotated[list[str] | None, Query(description="Metric names, e.g. reward/mean; all when absent.")] = None,
+    min_step: Annotated[int | None, Query(ge=0)] = None,
+    max_step: Annotated[int | None, Query(ge=0)] = None,
+) -> dict:
+    """`{"metrics": {"reward/mean": [[step, value], ...], ...}}`."""
+    return await run_in_threadpool(service.get_metrics, ctx, run_id, name, min_step, max_step)
+
+
+@logs_router.get(
+    "/{run_id}/logs/{process}",
+    response_class=PlainTextResponse,
+    summary="Read or follow a process's log",
+    responses={200: {"description": "Log lines"}} | json_error_responses(401, 404, 422),
+)
+async def get_run_log(
+    ctx: Ctx,
+    request: Request,
+    run_id: RunId,
+    process: ProcessRole,
+    tail: Annotated[int, Query(ge=0, le=100_000, description="Last lines to return.")] = 200,
+    follow: Annotated[bool, Query(description="Keep streaming new lines until the run ends.")] = False,
+) -> Response:
+    """The last `tail` lines; with `follow=true`, then every new line as it is written, until the run ends."""
+    text = await run_in_threadpool(service.log_tail, ctx, ctx.runs, run_id, process, tail)
+    if not follow:
+        return PlainTextResponse(text)
+    return StreamingResponse(_follow(ctx, request, run_id, process, text), media_type="text/plain")
+
+
+async def _follow(ctx: AppContext, request: Request, run_id: str, role: str, first: str) -> AsyncIterator[str]:
+    yield first
+    path = service.RunPaths(ctx.settings.data_path, run_id).log(role)
+    offset = path.stat().st_size if path.exists() else 0
+    pending = b""
+    while not await request.is_disconnected():
+        chunk, offset = await run_in_threadpool(_read_from, path, offset)
+        pending += chunk
+        if b"\n" in pending:
+            complete, _, pending = pending.rpartition(b"\n")
+            yield ctx.runs.scrub(complete.decode("utf-8", errors="replace")) + "\n"
+        elif not chunk and await run_in_threadpool(service.is_terminal, ctx, run_id):
+            break
+        if not chunk:
+            await asyncio.sleep(FOLLOW_POLL_S)
+    if pending:
+        yield ctx.runs.scrub(pending.decode("utf-8", errors="replace"))
+
+
+def _read_from(path, offset: int) -> tuple[bytes, int]:  # type: ignore[no-untyped-def]
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read(1 << 20)
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)

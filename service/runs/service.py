@@ -1,0 +1,394 @@
+"""Run operations, shared by the REST routes and the agent tools."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from service.context import AppContext
+from service.db.models import Run
+from service.db.types import utcnow
+from service.environments import service as environments
+from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
+from service.names import validate_name
+from service.runs import config as run_config
+from service.runs import lifecycle, metrics, ratelimit
+from service.runs.launch import Ports
+from service.runs.manager import RunManager
+from service.runs.paths import ROLES, RunPaths
+from supervisor.ports import free_ports
+from supervisor.process import Liveness, ProcessIdentity, identity_liveness
+from supervisor.run import read_tail
+
+MAX_PAGE = 200
+HEADLINE_METRICS = {
+    "reward_mean": "reward/mean",
+    "percent_correct": "train/percent_correct",
+    "eval_percent_correct": "eval/percent_correct",
+    "loss": "train/loss",
+}
+
+
+# --- create ---
+
+
+def create_run(
+    ctx: AppContext,
+    manager: RunManager,
+    environment: str,
+    edits: dict[str, Any],
+    backend: str | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """Validate, record (before anything is spawned), then launch. Returns (run, created)."""
+    request_hash = _request_hash(environment, edits, backend)
+    if idempotency_key is not None:
+        _validate_idempotency_key(idempotency_key)
+        existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash)
+        if existing is not None:
+            return existing, False
+    chosen = environments.resolve_backend(ctx, backend or edits.get("backend"))
+    require_backend(ctx, chosen)
+    env = ctx.catalog.get(environment)
+    schema = ctx.catalog.config_schema(env)
+    edits = {**edits, "backend": chosen}
+    fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
+    run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, chosen))
+
+    run_id = new_run_id()
+    paths = RunPaths(ctx.settings.data_path, run_id)
+    api_port, inference_port = free_ports(2)
+    placement = run_config.RunPlacement(api_port, inference_port, str(paths.run_dir))
+    merged = run_config.build_run_config(
+        env.name, schema, edits, ctx.settings, placement, datetime.now(UTC), ctx.settings.wandb_api_key is not None
+    )
+    run = Run(
+        id=run_id,
+        environment=env.name,
+        backend=chosen,
+        status=lifecycle.PENDING,
+        config=merged,
+        config_path=str(paths.config),
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        wandb_project=merged["tinker"]["wandb_project"],
+        wandb_run_name=merged["tinker"]["wandb_run_name"],
+        ports=Ports(api_port, inference_port).to_dict(),
+        owner_id=manager.replica_id,
+        heartbeat_at=utcnow(),
+    )
+    try:
+        with ctx.db.session() as session:
+            session.add(run)
+    except IntegrityError:
+        existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash) if idempotency_key else None
+        if existing is None:
+            raise
+        return existing, False  # a concurrent request with the same key won
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(run_config.render_yaml(merged))
+    manager.launch(run_id)
+    return get_run(ctx, run_id), True
+
+
+def require_backend(ctx: AppContext, backend: str) -> None:
+    if backend == "tinker" and ctx.settings.tinker_api_key is None:
+        raise BackendUnavailable(
+            "the tinker backend needs TINKER_API_KEY in the server's environment; "
+            "set it, or start the run with backend 'local'",
+            {"backend": "tinker", "missing": "TINKER_API_KEY"},
+        )
+
+
+def new_run_id() -> str:
+    return hashlib.sha256(f"{time.time_ns()}-{id(object())}".encode()).hexdigest()[:12]
+
+
+def _request_hash(environment: str, edits: dict[str, Any], backend: str | None) -> str:
+    canonical = json.dumps({"environment": environment, "config": edits, "backend": backend}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _validate_idempotency_key(key: str) -> None:
+    if not 1 <= len(key) <= 200 or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ValidationFailed("idempotency_key must be 1 to 200 printable characters", {"field": "idempotency_key"})
+
+
+def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> dict[str, Any] | None:
+    with ctx.db.session() as session:
+        run = session.scalars(select(Run).where(Run.idempotency_key == key)).one_or_none()
+        if run is None:
+            return None
+        if run.request_hash != request_hash:
+            raise ValidationFailed(
+                "idempotency_key was already used for a different request",
+                {"field": "idempotency_key", "run_id": run.id},
+            )
+        return run_record(ctx, run)
+
+
+# --- read ---
+
+
+def get_run(ctx: AppContext, run_id: str) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        return run_record(ctx, _load(session, run_id))
+
+
+def list_runs(
+    ctx: AppContext,
+    status: str | None = None,
+    environment: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    if status is not None and status not in lifecycle.ALL_STATES:
+        raise ValidationFailed(f"unknown status {status!r}", {"field": "status", "available": lifecycle.ALL_STATES})
+    limit = max(1, min(limit, MAX_PAGE))
+    query = select(Run)
+    if status:
+        query = query.where(Run.status == status)
+    if environment:
+        query = query.where(Run.environment == environment)
+    if cursor:
+        created_at, last_id = _decode_cursor(cursor)
+        query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < last_id)))
+    query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)
+    with ctx.db.session() as session:
+        runs = list(session.scalars(query))
+        page = runs[:limit]
+        records = [run_summary(run) for run in page]
+    next_cursor = _encode_cursor(page[-1]) if len(runs) > limit else None
+    return {"runs": records, "count": len(records), "next_cursor": next_cursor}
+
+
+CURSOR_PATTERN = r"^[0-9]{1,16}-[A-Za-z0-9_-]{1,128}$"
+
+
+def _encode_cursor(run: Run) -> str:
+    """`{created_at in µs since the epoch}-{id}`: the position after the last run of a page."""
+    micros = int(run.created_at.timestamp() * 1_000_000)
+    return f"{micros}-{run.id}"
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    micros, separator, run_id = cursor.partition("-")
+    if not separator or not micros.isdigit() or len(micros) > 16 or not run_id:
+        raise ValidationFailed("invalid cursor: pass next_cursor of the previous page", {"field": "cursor"})
+    return datetime.fromtimestamp(int(micros) / 1_000_000, UTC), run_id
+
+
+def _load(session: Any, run_id: str) -> Run:
+    validate_name(run_id, "run id")
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RunNotFound(f"no run with id {run_id!r}", {"run_id": run_id})
+    return run
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "environment": run.environment,
+        "backend": run.backend,
+        "status": run.status,
+        "last_step": run.last_step,
+        "total_steps": (run.config.get("tinker") or {}).get("total_steps"),
+        "stalled": run.stalled,
+        "wandb_run_name": run.wandb_run_name,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+    }
+
+
+def run_record(ctx: AppContext, run: Run) -> dict[str, Any]:
+    paths = RunPaths(ctx.settings.data_path, run.id)
+    return {
+        **run_summary(run),
+        "config": run.config,
+        "config_path": run.config_path,
+        "wandb_project": run.wandb_project,
+        "wandb_url": run.wandb_url,
+        "failure": run.failure,
+        "weights": run.weights,
+        "ports": run.ports,
+        "updated_at": run.updated_at,
+        "logs": paths.logs(),
+        "processes": [
+            {
+                "role": p.role,
+                "pid": p.pid,
+                "status": p.status,
+                "exit_code": p.exit_code,
+                "signal": p.signal,
+                "log_path": p.log_path,
+                "started_at": p.started_at,
+                "ended_at": p.ended_at,
+            }
+            for p in run.processes
+        ],
+    }
+
+
+# --- live status (rate limited) ---
+
+
+def check_status(ctx: AppContext, run_id: str) -> dict[str, Any]:
+    """The live check: limited to once per interval per run; an unknown id consumes nothing."""
+    now = utcnow()
+    interval = ctx.settings.status_check_interval_s
+    with ctx.db.session() as session:
+        _load(session, run_id)
+        allowance = ratelimit.acquire(session, run_id, now, interval)
+    if not allowance.allowed:
+        wait = allowance.retry_after_s
+        raise RateLimited(
+            f"status of run {run_id} was checked at {allowance.checked_at:%H:%M:%S} UTC; "
+            f"the next check is allowed in {wait:.0f} s (one check per {interval:g} s per run)",
+            retry_after_s=wait,
+            details={
+                "rate_limited": True,
+                "run_id": run_id,
+                "next_check_in_seconds": round(wait, 1),
+                "last_checked_at": allowance.checked_at.isoformat(),
+                "last_snapshot": allowance.last_snapshot,
+            },
+        )
+    snapshot = _live_snapshot(ctx, run_id, now)
+    with ctx.db.session() as session:
+        ratelimit.store_snapshot(session, run_id, now, snapshot)
+    return {**snapshot, "rate_limited": False, "next_check_in_seconds": interval}
+
+
+def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> dict[str, Any]:
+    paths = RunPaths(ctx.settings.data_path, run_id)
+    with ctx.db.session() as session:
+        run = _load(session, run_id)
+        latest = metrics.latest_values(session, run_id)
+        processes = [_process_status(p) for p in run.processes]
+        record = run_summary(run)
+        running_s = lifecycle.running_seconds(run, now)
+        extra = {
+            "wandb_project": run.wandb_project,
+            "wandb_url": run.wandb_url,
+            "failure": run.failure,
+        }
+    state = paths.read_trainer_state() or {}
+    headline = {key: latest[name][1] if name in latest else None for key, name in HEADLINE_METRICS.items()}
+    return _jsonable(
+        {
+            "run_id": run_id,
+            **record,
+            **extra,
+            "checked_at": now,
+            "processes": processes,
+            "running_time_seconds": round(running_s, 1),
+            "running_time_minutes": round(running_s / 60, 2),
+            "metrics": {"step": record["last_step"], **headline},
+            "latest_metrics": {name: value for name, (_step, value) in latest.items()},
+            "trainer": {k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s")},
+            "logs": paths.logs(),
+        }
+    )
+
+
+def _process_status(process: Any) -> dict[str, Any]:
+    status = process.status
+    if status == "running" and process.pid and process.start_time:
+        liveness = identity_liveness(ProcessIdentity(process.pid, process.pgid or process.pid, process.start_time))
+        status = {Liveness.ALIVE: "running", Liveness.DEAD: "exited", Liveness.UNKNOWN: "unknown"}[liveness]
+    return {
+        "role": process.role,
+        "pid": process.pid,
+        "status": status,
+        "exit_code": process.exit_code,
+        "signal": process.signal,
+        "log_path": process.log_path,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+# --- stop ---
+
+
+def stop_run(ctx: AppContext, manager: RunManager, run_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        run = _load(session, run_id)
+        if run.status in lifecycle.TERMINAL:
+            raise InvalidState(f"run {run_id} is already {run.status}", {"run_id": run_id, "status": run.status})
+    manager.request_stop(run_id)
+    deadline = time.monotonic() + max(0.0, min(wait_s, 600.0))
+    while time.monotonic() < deadline and get_run(ctx, run_id)["status"] not in lifecycle.TERMINAL:
+        time.sleep(0.2)
+    return get_run(ctx, run_id)
+
+
+# --- results, metrics, logs ---
+
+
+def get_results(ctx: AppContext, run_id: str) -> dict[str, Any]:
+    paths = RunPaths(ctx.settings.data_path, run_id)
+    with ctx.db.session() as session:
+        run = _load(session, run_id)
+        latest = metrics.latest_values(session, run_id)
+        series = metrics.history(session, run_id)
+        record = run_summary(run)
+        weights, failure, wandb = run.weights, run.failure, (run.wandb_project, run.wandb_url)
+    state = paths.read_trainer_state() or {}
+    return {
+        "run_id": run_id,
+        **record,
+        "final_step": record["last_step"],
+        "final_metrics": {name: value for name, (_step, value) in latest.items()},
+        "history": series,
+        "checkpoints": state.get("checkpoints") or [],
+        "weights": state.get("weights") or weights,
+        "wandb_project": wandb[0],
+        "wandb_url": wandb[1],
+        "failure": failure,
+    }
+
+
+def get_metrics(
+    ctx: AppContext,
+    run_id: str,
+    names: list[str] | None = None,
+    min_step: int | None = None,
+    max_step: int | None = None,
+) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        _load(session, run_id)
+        return {"run_id": run_id, "metrics": metrics.history(session, run_id, names, min_step, max_step)}
+
+
+def log_path(ctx: AppContext, run_id: str, role: str) -> RunPaths:
+    if role not in ROLES:
+        raise ValidationFailed(f"unknown process {role!r}", {"field": "process", "available": list(ROLES)})
+    with ctx.db.session() as session:
+        _load(session, run_id)
+    return RunPaths(ctx.settings.data_path, run_id)
+
+
+def log_tail(ctx: AppContext, manager: RunManager, run_id: str, role: str, lines: int) -> str:
+    paths = log_path(ctx, run_id, role)
+    return "".join(manager.scrub(line) + "\n" for line in read_tail(paths.log(role), lines))
+
+
+def is_terminal(ctx: AppContext, run_id: str) -> bool:
+    return get_run(ctx, run_id)["status"] in lifecycle.TERMINAL

@@ -1,0 +1,202 @@
+"""One supervised process: its own process group, its own log file, recognised by pid + start time.
+
+A process is signalled only when its pid still belongs to the process that was started (the start time
+matches): a pid reused by an unrelated process is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import psutil
+
+START_TIME_TOLERANCE_S = 0.05
+
+
+class Liveness(Enum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    pid: int
+    pgid: int
+    start_time: float
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended; both None when it ended out of our sight (adopted, exit code unknown)."""
+
+    code: int | None = None
+    signal: int | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.code == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by signal {signal.Signals(self.signal).name}"
+        if self.code is not None:
+            return f"exited with code {self.code}"
+        return "exited (exit code unknown: it ended while not a child of this service)"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    role: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: Path
+    log_path: Path
+    ready: Callable[[], bool] | None = None  # answers True once the process serves
+    ready_timeout_s: float = 60.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def identity_liveness(identity: ProcessIdentity) -> Liveness:
+    """Is the process that was started still there? A reused pid counts as dead; no permission is unknown."""
+    try:
+        process = psutil.Process(identity.pid)
+        if abs(process.create_time() - identity.start_time) > START_TIME_TOLERANCE_S:
+            return Liveness.DEAD
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return Liveness.DEAD
+        return Liveness.ALIVE
+    except psutil.NoSuchProcess:
+        return Liveness.DEAD
+    except (psutil.AccessDenied, OSError):
+        return Liveness.UNKNOWN
+
+
+class SupervisedProcess:
+    def __init__(self, role: str, identity: ProcessIdentity, log_path: Path, popen: subprocess.Popen | None) -> None:
+        self.role = role
+        self.identity = identity
+        self.log_path = log_path
+        self._popen = popen
+        self._exit: ExitStatus | None = None
+
+    @classmethod
+    def spawn(cls, spec: ProcessSpec) -> SupervisedProcess:
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with spec.log_path.open("ab") as log:
+            popen = subprocess.Popen(
+                list(spec.argv),
+                cwd=spec.cwd,
+                env=dict(spec.env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own session and process group: signals reach the whole tree
+                close_fds=True,
+            )
+        try:
+            start_time = psutil.Process(popen.pid).create_time()
+        except psutil.NoSuchProcess:
+            start_time = time.time()
+        return cls(spec.role, ProcessIdentity(popen.pid, popen.pid, start_time), spec.log_path, popen)
+
+    @classmethod
+    def adopt(
+        cls, role: str, identity: ProcessIdentity, log_path: Path, exited: ExitStatus | None = None
+    ) -> SupervisedProcess:
+        """A process started by an earlier run of the service (its parent is gone; we cannot reap it).
+
+        `exited` is the exit already recorded for it, if any.
+        """
+        process = cls(role, identity, log_path, popen=None)
+        process._exit = exited
+        return process
+
+    @property
+    def adopted(self) -> bool:
+        return self._popen is None
+
+    def poll(self) -> ExitStatus | None:
+        """None while running; the exit status once it has ended."""
+        if self._exit is not None:
+            return self._exit
+        if self._popen is not None:
+            code = self._popen.poll()
+            if code is not None:
+                self._exit = _status_from_returncode(code)
+        elif identity_liveness(self.identity) is Liveness.DEAD:
+            self._exit = ExitStatus()
+        return self._exit
+
+    def liveness(self) -> Liveness:
+        if self.poll() is not None:
+            return Liveness.DEAD
+        return identity_liveness(self.identity)
+
+    def terminate(self, grace_s: float) -> ExitStatus | None:
+        """SIGTERM to the group, SIGKILL after the grace period, reap, and wait until no member is left."""
+        if self.poll() is None or self._group_alive():
+            self._signal_group(signal.SIGTERM)
+            if not _wait(self._gone, grace_s):
+                self._signal_group(signal.SIGKILL)
+                _wait(self._gone, 10.0)
+        return self.poll()
+
+    def _gone(self) -> bool:
+        return self.poll() is not None and not self._group_alive()
+
+    def _group_alive(self) -> bool:
+        return bool(live_group_members(self.identity.pgid))
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if not self._may_signal_group():
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.identity.pgid, sig)
+
+    def _may_signal_group(self) -> bool:
+        """Our group only: the leader is the process we started, or it is gone and its pid not reused.
+
+        While any member of group G lives, the kernel does not hand out pid G again; once the group is empty
+        the id may belong to someone else's new group. Unknown liveness (no permission) signals nothing.
+        """
+        leader = identity_liveness(self.identity)
+        if leader is Liveness.ALIVE:
+            return True
+        if leader is Liveness.UNKNOWN:
+            return False
+        return not psutil.pid_exists(self.identity.pgid) and self._group_alive()
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the group's members that are not zombies."""
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
+                members.append(process.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _status_from_returncode(code: int) -> ExitStatus:
+    return ExitStatus(signal=-code) if code < 0 else ExitStatus(code=code)
+
+
+def _wait(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

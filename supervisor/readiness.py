@@ -1,0 +1,86 @@
+"""Readiness probes: start the next process as soon as the previous one answers, not after a fixed sleep."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from supervisor.process import ExitStatus, SupervisedProcess
+
+PROBE_TIMEOUT_S = 2.0
+
+
+class StartupCancelled(Exception):
+    """A stop was requested while the run was starting."""
+
+
+class ReadinessTimeout(Exception):
+    def __init__(self, role: str, timeout_s: float) -> None:
+        super().__init__(f"{role} was not ready within {timeout_s:g} s")
+        self.role = role
+        self.timeout_s = timeout_s
+
+
+class ExitedDuringStartup(Exception):
+    def __init__(self, role: str, status: ExitStatus) -> None:
+        super().__init__(f"{role} {status.describe()} before it was ready")
+        self.role = role
+        self.status = status
+
+
+def http_answers(url: str) -> Callable[[], bool]:
+    """Ready when the URL answers 2xx."""
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - loopback only
+                return 200 <= response.status < 300
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return probe
+
+
+def atropos_env_registered(api_url: str) -> Callable[[], bool]:
+    """Ready when an environment has registered with the run's Atropos API (it then produces rollouts)."""
+
+    def probe() -> bool:
+        request = urllib.request.Request(
+            f"{api_url}/status-env",
+            data=json.dumps({"env_id": 0}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="GET",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310
+                body = json.loads(response.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        return isinstance(body, dict) and "env_weight" in body
+
+    return probe
+
+
+def wait_until_ready(
+    process: SupervisedProcess,
+    probe: Callable[[], bool] | None,
+    timeout_s: float,
+    cancel: threading.Event,
+    interval_s: float = 0.2,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if cancel.is_set():
+            raise StartupCancelled()
+        status = process.poll()
+        if status is not None:
+            raise ExitedDuringStartup(process.role, status)
+        if probe is None or probe():
+            return
+        if time.monotonic() >= deadline:
+            raise ReadinessTimeout(process.role, timeout_s)
+        cancel.wait(interval_s)

@@ -1,0 +1,251 @@
+"""A run's three processes: started in order, watched together, stopped in reverse order.
+
+Fate sharing: when the trainer ends, the run ends (completed when it finished its steps, failed otherwise);
+when the API ends, the run fails; when the environment ends cleanly, the trainer drains the queued batches
+and the run completes when it does (a crashed environment fails the run). A stop request, also during
+start-up, stops whatever was started. The caller receives events and keeps the records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
+from supervisor.readiness import ExitedDuringStartup, ReadinessTimeout, StartupCancelled, wait_until_ready
+
+logger = logging.getLogger("rlctl.supervisor")
+
+API, TRAINER, ENV = "api", "trainer", "env"
+START_ORDER = (API, TRAINER, ENV)
+LOG_TAIL_LINES = 40
+
+OutcomeStatus = Literal["completed", "stopped", "failed"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # process_exited | readiness_timeout | startup_error | drain_timeout
+    message: str
+    process: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: OutcomeStatus
+    failure: Failure | None = None
+
+
+class RunEvents(Protocol):
+    def process_started(self, process: SupervisedProcess) -> None: ...
+    def running(self) -> None: ...
+    def process_exited(self, process: SupervisedProcess, status: ExitStatus | None) -> None: ...
+    def stall_changed(self, stalled: bool, idle_s: float) -> None: ...
+    def tick(self) -> None: ...
+    def finished(self, outcome: Outcome) -> None: ...
+
+
+@dataclass
+class RunPlan:
+    run_id: str
+    specs: list[ProcessSpec]  # in start order
+    progress: Callable[[], object]  # changes whenever training advances (e.g. the last step)
+    finished_steps: Callable[[str], bool | None]  # did this role finish its work? None: cannot tell
+    scrub: Callable[[str], str] = lambda text: text
+    stop_grace_s: float = 10.0
+    poll_interval_s: float = 1.0
+    stall_after_s: float | None = None
+    drain_timeout_s: float = 600.0
+
+
+class RunSupervisor:
+    def __init__(self, plan: RunPlan, events: RunEvents) -> None:
+        self.plan = plan
+        self.events = events
+        self.processes: dict[str, SupervisedProcess] = {}
+        self._stop = threading.Event()
+        self._detach = threading.Event()
+        self._reported: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._launch(adopted=None)
+
+    def adopt(self, processes: dict[str, SupervisedProcess]) -> None:
+        """Watch processes started by an earlier service process (already running)."""
+        self._launch(adopted=processes)
+
+    def stop(self) -> None:
+        """Ask for a stop (also cancels a start-up in progress); returns at once."""
+        self._stop.set()
+
+    def detach(self) -> None:
+        """Stop watching but leave the processes running (service shutdown: the next start re-adopts them)."""
+        self._detach.set()
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _launch(self, adopted: dict[str, SupervisedProcess] | None) -> None:
+        self._thread = threading.Thread(
+            target=self._supervise, args=(adopted,), name=f"run-{self.plan.run_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _supervise(self, adopted: dict[str, SupervisedProcess] | None) -> None:
+        outcome = Outcome("failed", Failure("startup_error", "supervision ended unexpectedly"))
+        try:
+            if adopted is None:
+                self._start_all()
+                self.events.running()
+            else:
+                self.processes = dict(adopted)
+            outcome = self._watch()
+        except StartupCancelled:
+            if self._detach.is_set():
+                return
+
+            outcome = Outcome("stopped")
+        except ReadinessTimeout as exc:
+            outcome = self._failed("readiness_timeout", str(exc), exc.role)
+        except ExitedDuringStartup as exc:
+            outcome = self._failed("process_exited", str(exc), exc.role, exc.status)
+        except Exception as exc:  # noqa: BLE001 - any start-up error ends the run with its reason
+            logger.exception("run %s: start-up error", self.plan.run_id)
+            outcome = self._failed("startup_error", f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            self._stop_all()
+            raise
+        if self._detach.is_set():
+            return  # processes keep running; nothing is finished
+        self._stop_all()
+        self.events.finished(outcome)
+
+    def _start_all(self) -> None:
+        for spec in self.plan.specs:
+            if self._stop.is_set():
+                raise StartupCancelled()
+            process = SupervisedProcess.spawn(spec)
+            self.processes[spec.role] = process
+            self.events.process_started(process)
+            wait_until_ready(process, spec.ready, spec.ready_timeout_s, self._stop)
+
+    def _watch(self) -> Outcome:
+        progress, progress_at = self.plan.progress(), time.monotonic()
+        stalled = False
+        drain_started: float | None = None
+        while not self._stop.is_set():
+            self.events.tick()
+            statuses = {role: process.poll() for role, process in self.processes.items()}
+            for role, status in statuses.items():
+                if status is not None:
+                    self._report_exit(role, status)
+            if (outcome := self._fate(statuses)) is not None:
+                return outcome
+            if statuses.get(ENV) is not None and drain_started is None:
+                logger.info("run %s: environment finished; the trainer drains queued batches", self.plan.run_id)
+                drain_started = time.monotonic()
+            if drain_started is not None and time.monotonic() - drain_started > self.plan.drain_timeout_s:
+                message = f"the trainer did not finish within {self.plan.drain_timeout_s:g} s of the environment"
+                return self._failed("drain_timeout", message, TRAINER)
+            current = self.plan.progress()
+            if current != progress:
+                progress, progress_at = current, time.monotonic()
+                if stalled:
+                    stalled = False
+                    self.events.stall_changed(False, 0.0)
+            idle = time.monotonic() - progress_at
+            if not stalled and self.plan.stall_after_s is not None and idle > self.plan.stall_after_s:
+                stalled = True
+                self.events.stall_changed(True, idle)
+            self._stop.wait(self.plan.poll_interval_s)
+        return Outcome("stopped")
+
+    def _fate(self, statuses: dict[str, ExitStatus | None]) -> Outcome | None:
+        trainer, api, env = statuses.get(TRAINER), statuses.get(API), statuses.get(ENV)
+        if trainer is not None:
+            return self._trainer_outcome(trainer)
+        if api is not None:
+            return self._failed("process_exited", f"api {api.describe()}", API, api)
+        if env is not None and env.code not in (0, None):
+            return self._failed("process_exited", f"env {env.describe()}", ENV, env)
+        return None
+
+    def _trainer_outcome(self, status: ExitStatus) -> Outcome:
+        finished = self.plan.finished_steps(TRAINER)
+        if status.code == 0 and finished is not False:
+            return Outcome("completed")
+        if status.code is None and status.signal is None and finished:
+            return Outcome("completed")
+        message = f"trainer {status.describe()}"
+        if status.code == 0:
+            message += " before finishing its steps"
+        return self._failed("process_exited", message, TRAINER, status)
+
+    def _failed(self, kind: str, message: str, role: str | None = None, status: ExitStatus | None = None) -> Outcome:
+        tail = self._log_tail(role) if role else []
+        failure = Failure(
+            kind=kind,
+            message=self.plan.scrub(message),
+            process=role,
+            exit_code=status.code if status else None,
+            signal=status.signal if status else None,
+            log_tail=tail,
+        )
+        return Outcome("failed", failure)
+
+    def _log_tail(self, role: str) -> list[str]:
+        process = self.processes.get(role)
+        path = process.log_path if process else next((s.log_path for s in self.plan.specs if s.role == role), None)
+        return [self.plan.scrub(line) for line in read_tail(path, LOG_TAIL_LINES)] if path else []
+
+    def _stop_all(self) -> None:
+        for role in reversed(START_ORDER):
+            process = self.processes.get(role)
+            if process is None:
+                continue
+            status = process.terminate(self.plan.stop_grace_s)
+            self._report_exit(role, status)
+
+    def _report_exit(self, role: str, status: ExitStatus | None) -> None:
+        if role in self._reported:
+            return
+        self._reported.add(role)
+        self.events.process_exited(self.processes[role], status)
+
+
+def read_tail(path: Path, lines: int) -> list[str]:
+    """The last lines of a log file, reading backwards from its end only as far as needed."""
+    chunk = 64 * 1024
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            position = handle.tell()
+            data = b""
+            while position > 0 and data.count(b"\n") <= lines:
+                step = min(chunk, position)
+                position -= step
+                handle.seek(position)
+                data = handle.read(step) + data
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:] if lines > 0 else []

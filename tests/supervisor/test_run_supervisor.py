@@ -1,0 +1,224 @@
+"""A run's three processes under one supervisor: start order, readiness, fate sharing, stop, cancel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.ports import free_ports
+from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
+from supervisor.readiness import http_answers
+from supervisor.run import API, ENV, TRAINER, Outcome, RunPlan, RunSupervisor
+from tests.support.waiting import wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RecordingEvents:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.exited: dict[str, ExitStatus | None] = {}
+        self.running_at: float | None = None
+        self.stalls: list[bool] = []
+        self.outcome: Outcome | None = None
+        self.done = threading.Event()
+
+    def process_started(self, process: SupervisedProcess) -> None:
+        self.started.append(process.role)
+
+    def running(self) -> None:
+        self.running_at = time.monotonic()
+
+    def process_exited(self, process: SupervisedProcess, status: ExitStatus | None) -> None:
+        self.exited[process.role] = status
+
+    def stall_changed(self, stalled: bool, idle_s: float) -> None:
+        self.stalls.append(stalled)
+
+    def tick(self) -> None:
+        pass
+
+    def finished(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.done.set()
+
+
+def fake(tmp_path: Path, role: str, *args: str, port: int | None = None, timeout: float = 30) -> ProcessSpec:
+    argv = [sys.executable, "-m", "tests.support.fake_process", *args]
+    if port:
+        argv += ["--port", str(port)]
+    return ProcessSpec(
+        role=role,
+        argv=argv,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        log_path=tmp_path / f"{role}.log",
+        ready=http_answers(f"http://127.0.0.1:{port}/health") if port else None,
+        ready_timeout_s=timeout,
+    )
+
+
+def plan(specs: list[ProcessSpec], **overrides: object) -> RunPlan:
+    values: dict[str, object] = {
+        "run_id": "t",
+        "specs": specs,
+        "progress": lambda: None,
+        "finished_steps": lambda role: None,
+        "stop_grace_s": 2.0,
+        "poll_interval_s": 0.1,
+    }
+    values.update(overrides)
+    return RunPlan(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def supervisors():
+    created: list[RunSupervisor] = []
+    yield created
+    for supervisor in created:
+        supervisor.stop()
+        supervisor.join(60)
+
+
+def run(supervisors: list, run_plan: RunPlan) -> tuple[RunSupervisor, RecordingEvents]:
+    events = RecordingEvents()
+    supervisor = RunSupervisor(run_plan, events)
+    supervisors.append(supervisor)
+    supervisor.start()
+    return supervisor, events
+
+
+def three(tmp_path: Path, trainer_args: tuple[str, ...] = (), env_args: tuple[str, ...] = ()) -> list[ProcessSpec]:
+    api_port, trainer_port = free_ports(2)
+    return [
+        fake(tmp_path, API, port=api_port),
+        fake(tmp_path, TRAINER, *trainer_args, port=trainer_port),
+        fake(tmp_path, ENV, *env_args),
+    ]
+
+
+def test_starts_in_order_and_completes_when_the_trainer_finishes(tmp_path: Path, supervisors: list) -> None:
+    supervisor, events = run(supervisors, plan(three(tmp_path, trainer_args=("--exit-after", "2"))))
+    assert events.done.wait(60)
+    assert events.started == [API, TRAINER, ENV]
+    assert events.running_at is not None
+    assert events.outcome == Outcome("completed")
+    assert events.exited[TRAINER] == ExitStatus(code=0)
+    assert set(events.exited) == {API, TRAINER, ENV}  # the others were stopped (fate sharing)
+
+
+def test_the_next_process_waits_for_readiness(tmp_path: Path, supervisors: list) -> None:
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        fake(tmp_path, API, "--ready-after", "1.5", port=api_port),
+        fake(tmp_path, TRAINER, port=trainer_port),
+        fake(tmp_path, ENV),
+    ]
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    api_log = (tmp_path / "api.log").stat().st_mtime
+    trainer_log = (tmp_path / "trainer.log").stat().st_mtime
+    assert trainer_log - api_log >= 1.0
+
+
+def test_a_killed_trainer_fails_the_run_with_its_log_tail(tmp_path: Path, supervisors: list) -> None:
+    supervisor, events = run(supervisors, plan(three(tmp_path)))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    os.kill(supervisor.processes[TRAINER].identity.pid, signal.SIGKILL)
+    assert events.done.wait(60)
+    failure = events.outcome.failure
+    assert events.outcome.status == "failed"
+    assert failure.process == TRAINER and failure.signal == signal.SIGKILL and failure.kind == "process_exited"
+    assert any("started pid" in line for line in failure.log_tail)
+    assert events.exited[ENV] is not None and events.exited[API] is not None
+
+
+def test_a_trainer_exiting_nonzero_fails_the_run(tmp_path: Path, supervisors: list) -> None:
+    specs = three(tmp_path, trainer_args=("--exit-after", "1", "--code", "7"))
+    supervisor, events = run(supervisors, plan(specs))
+    assert events.done.wait(60)
+    assert events.outcome.status == "failed" and events.outcome.failure.exit_code == 7
+
+
+def test_a_trainer_exiting_zero_before_its_steps_fails(tmp_path: Path, supervisors: list) -> None:
+    specs = three(tmp_path, trainer_args=("--exit-after", "1"))
+    supervisor, events = run(supervisors, plan(specs, finished_steps=lambda role: False))
+    assert events.done.wait(60)
+    assert events.outcome.status == "failed"
+    assert "before finishing its steps" in events.outcome.failure.message
+
+
+def test_a_clean_environment_exit_lets_the_trainer_drain(tmp_path: Path, supervisors: list) -> None:
+    specs = three(tmp_path, trainer_args=("--exit-after", "3"), env_args=("--exit-after", "0.5"))
+    supervisor, events = run(supervisors, plan(specs))
+    assert events.done.wait(60)
+    assert events.outcome == Outcome("completed")
+    assert events.exited[ENV] == ExitStatus(code=0)
+
+
+def test_a_crashed_environment_fails_the_run(tmp_path: Path, supervisors: list) -> None:
+    specs = three(tmp_path, env_args=("--exit-after", "0.5", "--code", "1"))
+    supervisor, events = run(supervisors, plan(specs))
+    assert events.done.wait(60)
+    assert events.outcome.status == "failed" and events.outcome.failure.process == ENV
+
+
+def test_stop_ends_the_run_in_reverse_order(tmp_path: Path, supervisors: list) -> None:
+    supervisor, events = run(supervisors, plan(three(tmp_path)))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    supervisor.stop()
+    assert events.done.wait(60)
+    assert events.outcome == Outcome("stopped")
+    assert list(events.exited) == [ENV, TRAINER, API]
+
+
+def test_stop_during_start_up_cancels_the_rest(tmp_path: Path, supervisors: list) -> None:
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        fake(tmp_path, API, port=api_port),
+        fake(tmp_path, TRAINER, "--ready-after", "600", port=trainer_port, timeout=600),
+        fake(tmp_path, ENV),
+    ]
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: TRAINER in events.started, timeout=60, message="trainer spawned")
+    supervisor.stop()
+    assert events.done.wait(30)
+    assert events.outcome == Outcome("stopped")
+    assert ENV not in events.started  # never spawned
+    assert set(events.exited) == {API, TRAINER}
+
+
+def test_readiness_timeout_fails_with_the_process_named(tmp_path: Path, supervisors: list) -> None:
+    api_port = free_ports(1)[0]
+    specs = [fake(tmp_path, API, "--ready-after", "600", port=api_port, timeout=1.0), fake(tmp_path, TRAINER)]
+    supervisor, events = run(supervisors, plan(specs))
+    assert events.done.wait(60)
+    assert events.outcome.failure.kind == "readiness_timeout" and events.outcome.failure.process == API
+
+
+def test_no_progress_is_flagged_as_stalled_and_cleared_when_it_resumes(tmp_path: Path, supervisors: list) -> None:
+    step = {"value": 0}
+    supervisor, events = run(supervisors, plan(three(tmp_path), progress=lambda: step["value"], stall_after_s=0.5))
+    wait_until(lambda: events.stalls == [True], timeout=30, message="stalled")
+    step["value"] = 1
+    wait_until(lambda: events.stalls == [True, False], timeout=30, message="unstalled")
+
+
+def test_detach_leaves_the_processes_running(tmp_path: Path, supervisors: list) -> None:
+    supervisor, events = run(supervisors, plan(three(tmp_path)))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    processes = dict(supervisor.processes)
+    supervisor.detach()
+    assert supervisor.join(30)
+    assert events.outcome is None
+    try:
+        assert all(p.poll() is None for p in processes.values())
+    finally:
+        for process in processes.values():
+            process.terminate(grace_s=2)
