@@ -1,0 +1,96 @@
+"""The live status check: once per interval per run, enforced by the database on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from sqlalchemy import func, select
+
+from service.db.engine import Database
+from service.db.models import Run, StatusCheck
+from service.settings import Settings
+from tests.support.live import live_service
+from tests.support.waiting import wait_until
+
+
+def add_run(database_url: str, run_id: str) -> None:
+    db = Database(database_url)
+    with db.session() as session:
+        session.add(Run(id=run_id, environment="echo", backend="local", status="stopped"))
+    db.dispose()
+
+
+def status_rows(database_url: str) -> int:
+    db = Database(database_url)
+    with db.session() as session:
+        count = session.scalar(select(func.count()).select_from(StatusCheck))
+    db.dispose()
+    return count
+
+
+def test_second_check_is_429_with_retry_after_and_the_last_snapshot(
+    make_settings: Callable[..., Settings], database_url: str
+) -> None:
+    with live_service(make_settings()) as live, live.client() as client:
+        add_run(database_url, "run1")
+        first = client.get("/runs/run1/status")
+        assert first.status_code == 200, first.text
+        assert first.json()["rate_limited"] is False
+        assert first.json()["next_check_in_seconds"] == 1800
+        second = client.get("/runs/run1/status")
+        assert second.status_code == 429
+        body = second.json()
+        assert body["error"]["code"] == "RATE_LIMITED"
+        assert body["rate_limited"] is True and body["run_id"] == "run1"
+        assert 1790 < body["next_check_in_seconds"] <= 1800
+        assert 1790 < int(second.headers["Retry-After"]) <= 1800
+        assert body["last_snapshot"]["run_id"] == "run1"
+        assert body["last_snapshot"]["status"] == "stopped"
+        # the stored record is never limited
+        assert client.get("/runs/run1").status_code == 200
+
+
+def test_unknown_id_is_404_and_consumes_nothing(make_settings: Callable[..., Settings], database_url: str) -> None:
+    with live_service(make_settings()) as live, live.client() as client:
+        add_run(database_url, "known")
+        missing = client.get("/runs/unknown1/status")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "RUN_NOT_FOUND"
+        assert status_rows(database_url) == 0
+        assert client.get("/runs/known/status").status_code == 200
+
+
+def test_the_limit_holds_across_a_restart(make_settings: Callable[..., Settings], database_url: str) -> None:
+    settings = make_settings()
+    with live_service(settings) as live, live.client() as client:
+        add_run(database_url, "kept")
+        assert client.get("/runs/kept/status").status_code == 200
+    with live_service(settings) as live, live.client() as client:
+        limited = client.get("/runs/kept/status")
+        assert limited.status_code == 429
+        assert limited.json()["last_snapshot"]["run_id"] == "kept"
+
+
+def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., Settings], database_url: str) -> None:
+    with live_service(make_settings()) as live:
+        add_run(database_url, "busy")
+
+        def check(_: int) -> int:
+            with httpx.Client(base_url=live.base_url, timeout=60) as client:
+                return client.get("/runs/busy/status").status_code
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            codes = list(pool.map(check, range(8)))
+    assert sorted(codes) == [200] + [429] * 7
+
+
+def test_a_check_is_allowed_again_after_the_interval(
+    make_settings: Callable[..., Settings], database_url: str
+) -> None:
+    with live_service(make_settings(status_check_interval_s=1)) as live, live.client() as client:
+        add_run(database_url, "later")
+        assert client.get("/runs/later/status").status_code == 200
+        assert client.get("/runs/later/status").status_code == 429
+        wait_until(lambda: client.get("/runs/later/status").status_code == 200, timeout=10, message="allowed again")
