@@ -16,6 +16,9 @@ from service.db import migrate
 from service.environments.routes import router as environments_router
 from service.health.routes import router as health_router
 from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from service.jobs.kinds import register_job_kinds
+from service.jobs.routes import router as jobs_router
+from service.jobs.runner import JobRunner
 from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import router as runs_router
@@ -34,18 +37,24 @@ server has a token. Errors share one body: `{"error": {"code", "message", "detai
 def create_app(settings: Settings | None = None, migrate_on_start: bool = True) -> FastAPI:
     context = build_context(settings or Settings())
     context.runs = RunManager(context)
+    context.jobs = JobRunner(context, workers=context.settings.job_workers)
+    register_job_kinds(context.jobs)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        context.claim_data_dir()
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)
         await run_in_threadpool(context.runs.open)
+        await run_in_threadpool(context.jobs.open)
         try:
             yield
         finally:
             # Runs keep running across a service restart: they are re-adopted at the next start.
+            await run_in_threadpool(context.jobs.close)
             await run_in_threadpool(context.runs.close)
             context.db.dispose()
+            context.release_data_dir()
 
     app = FastAPI(
         title="rlctl",
@@ -61,6 +70,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(environments_router, dependencies=protected)
     app.include_router(runs_router, dependencies=protected)
     app.include_router(run_logs_router, dependencies=protected)
+    app.include_router(jobs_router, dependencies=protected)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     gsm8k_path: Path | None = Field(None, description="Directory with GSM8K train.jsonl and test.jsonl.")
     schema_timeout_s: float = Field(90, gt=0, description="Time-out for importing an environment.")
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest JSON request body accepted.")
+    job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     default_backend: Backend | None = Field(

@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("progress_total", sa.Integer(), nullable=True),
         sa.Column("result", sa.JSON(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("cancel_requested", sa.Boolean(), nullable=False),
         sa.Column("owner_id", sa.String(length=64), nullable=True),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),

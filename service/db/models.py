@@ -145,6 +145,7 @@ class Job(Base):
     progress_total: Mapped[int | None] = mapped_column(Integer)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     owner_id: Mapped[str | None] = mapped_column(String(64))
     heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -6,15 +6,12 @@ state change is a compare-and-set (service/runs/lifecycle.py), so two actors nev
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
-import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from sqlalchemy import select, update
 
@@ -31,29 +28,19 @@ from supervisor.run import START_ORDER, TRAINER, Outcome, RunPlan, RunSupervisor
 logger = logging.getLogger("rlctl.runs")
 
 
-def replica_identity(ctx: AppContext) -> str:
-    """Stable across restarts of one service on one data directory, so it recognises its own runs."""
-    if ctx.settings.replica_id:
-        return ctx.settings.replica_id
-    digest = hashlib.sha256(str(ctx.settings.data_path).encode()).hexdigest()[:10]
-    return f"{socket.gethostname()[:40]}-{digest}"
-
-
 class RunManager:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
-        self.replica_id = replica_identity(ctx)
+        self.replica_id = ctx.replica_id
         self._supervisors: dict[str, RunSupervisor] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        self._lock_file: IO[str] | None = None
         self._environment_file_for: Callable[[str], Path] = lambda name: ctx.catalog.get(name).file_path
 
     # --- service lifecycle ---
 
     def open(self) -> None:
-        self._take_data_dir_lock()
         self.recover()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="runs-heartbeat", daemon=True)
         self._heartbeat.start()
@@ -69,18 +56,6 @@ class RunManager:
             supervisor.join(timeout=30)
         if self._heartbeat:
             self._heartbeat.join(timeout=30)
-        if self._lock_file:
-            self._lock_file.close()
-
-    def _take_data_dir_lock(self) -> None:
-        path = self.ctx.settings.data_path / "replica.lock"
-        handle = path.open("w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            handle.close()
-            raise RuntimeError(f"another rlctl service uses the data directory {path.parent}") from exc
-        self._lock_file = handle
 
     # --- runs ---
 
@@ -247,9 +222,7 @@ class RunManager:
         )
 
     def scrub(self, text: str) -> str:
-        for secret in self.ctx.settings.secret_values:
-            text = text.replace(secret, "***")
-        return text
+        return self.ctx.scrub(text)
 
     def _fail_before_start(self, run_id: str, message: str) -> None:
         failure = {"kind": "startup_error", "message": self.scrub(message), "process": None}

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from service.context import AppContext
 from service.deps import Ctx
 from service.names import name_path
+from service.pagination import CURSOR_PATTERN
 from service.runs import service
 from service.runs.schemas import (
     CreateRunRequest,
@@ -63,7 +64,7 @@ async def list_runs(
     environment: Annotated[str | None, Query(max_length=128, description="Only runs of this environment.")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
-        str | None, Query(pattern=service.CURSOR_PATTERN, description="`next_cursor` of the page before.")
+        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
     ] = None,
 ) -> dict:
     """Newest first, `limit` at a time."""

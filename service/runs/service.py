@@ -17,6 +17,7 @@ from service.db.types import utcnow
 from service.environments import service as environments
 from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
 from service.names import validate_name
+from service.pagination import decode_cursor, encode_cursor
 from service.runs import config as run_config
 from service.runs import lifecycle, metrics, ratelimit
 from service.runs.launch import Ports
@@ -157,31 +158,15 @@ def list_runs(
     if environment:
         query = query.where(Run.environment == environment)
     if cursor:
-        created_at, last_id = _decode_cursor(cursor)
+        created_at, last_id = decode_cursor(cursor)
         query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < last_id)))
     query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)
     with ctx.db.session() as session:
         runs = list(session.scalars(query))
         page = runs[:limit]
         records = [run_summary(run) for run in page]
-    next_cursor = _encode_cursor(page[-1]) if len(runs) > limit else None
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(runs) > limit else None
     return {"runs": records, "count": len(records), "next_cursor": next_cursor}
-
-
-CURSOR_PATTERN = r"^[0-9]{1,16}-[A-Za-z0-9_-]{1,128}$"
-
-
-def _encode_cursor(run: Run) -> str:
-    """`{created_at in µs since the epoch}-{id}`: the position after the last run of a page."""
-    micros = int(run.created_at.timestamp() * 1_000_000)
-    return f"{micros}-{run.id}"
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    micros, separator, run_id = cursor.partition("-")
-    if not separator or not micros.isdigit() or len(micros) > 16 or not run_id:
-        raise ValidationFailed("invalid cursor: pass next_cursor of the previous page", {"field": "cursor"})
-    return datetime.fromtimestamp(int(micros) / 1_000_000, UTC), run_id
 
 
 def _load(session: Any, run_id: str) -> Run:

@@ -86,9 +86,7 @@ def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., 
     assert sorted(codes) == [200] + [429] * 7
 
 
-def test_a_check_is_allowed_again_after_the_interval(
-    make_settings: Callable[..., Settings], database_url: str
-) -> None:
+def test_a_check_is_allowed_again_after_the_interval(make_settings: Callable[..., Settings], database_url: str) -> None:
     with live_service(make_settings(status_check_interval_s=1)) as live, live.client() as client:
         add_run(database_url, "later")
         assert client.get("/runs/later/status").status_code == 200

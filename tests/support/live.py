@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -35,8 +35,11 @@ class LiveService:
 
 
 @contextmanager
-def live_service(settings: Settings) -> Iterator[LiveService]:
+def live_service(settings: Settings, prepare: Callable[[FastAPI], None] | None = None) -> Iterator[LiveService]:
+    """`prepare` runs on the app before it starts (e.g. to register extra job kinds before recovery)."""
     app = create_app(settings)
+    if prepare is not None:
+        prepare(app)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
     thread = threading.Thread(target=server.run, name=f"rlctl-test-{port}", daemon=True)

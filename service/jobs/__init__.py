@@ -1,0 +1,1 @@
+"""Background jobs: long operations answered with 202 and a job to poll."""

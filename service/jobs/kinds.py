@@ -1,0 +1,9 @@
+"""Every kind of background job, registered in one place (each domain provides its handlers)."""
+
+from __future__ import annotations
+
+from service.jobs.runner import JobRunner
+
+
+def register_job_kinds(runner: JobRunner) -> None:
+    """Datasets, inference tests and collections add their kinds here."""

@@ -1,0 +1,100 @@
+"""Background jobs: progress, results, failure, cancel, and what a service restart does to them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+from service.jobs.runner import JobFailed, JobHandle, JobKind
+from service.settings import Settings
+from tests.support.live import live_service
+from tests.support.waiting import wait_until
+
+release = threading.Event()
+
+
+def counting(_ctx: Any, handle: JobHandle) -> dict[str, Any]:
+    total = handle.params["count"]
+    for done in range(total + 1):
+        handle.progress(done, total, force=True)
+        handle.check_cancelled()
+        if done == handle.params.get("pause_at"):
+            wait_until(lambda: release.is_set() or handle.cancelled, timeout=60, message="released")
+    return {"counted": total, "resumed": handle.resumed}
+
+
+def failing(_ctx: Any, _handle: JobHandle) -> dict[str, Any]:
+    raise JobFailed("the input was not what it should be")
+
+
+def crashing(_ctx: Any, _handle: JobHandle) -> dict[str, Any]:
+    raise RuntimeError("unexpected")
+
+
+def register(app: FastAPI, resumable: bool = True) -> None:
+    runner = app.state.context.jobs
+    runner.register(JobKind("test_count", counting, resumable=resumable))
+    runner.register(JobKind("test_fail", failing))
+    runner.register(JobKind("test_crash", crashing))
+
+
+def test_progress_and_result(make_settings: Callable[..., Settings]) -> None:
+    with live_service(make_settings(), register) as live, live.client() as client:
+        job_id = live.app.state.context.jobs.submit("test_count", {"count": 5})
+        job = wait_until(
+            lambda: (j := client.get(f"/jobs/{job_id}").json())["status"] == "succeeded" and j,
+            timeout=30,
+            message="succeeded",
+        )
+        assert job["progress"] == {"done": 5, "total": 5}
+        assert job["result"] == {"counted": 5, "resumed": False}
+        listed = client.get("/jobs", params={"kind": "test_count"}).json()
+        assert [j["id"] for j in listed["jobs"]] == [job_id]
+
+
+def test_failures_are_recorded_with_their_reason(make_settings: Callable[..., Settings]) -> None:
+    with live_service(make_settings(), register) as live, live.client() as client:
+        runner = live.app.state.context.jobs
+        failed, crashed = runner.submit("test_fail", {}), runner.submit("test_crash", {})
+        assert runner.wait(failed, 30) == "failed" and runner.wait(crashed, 30) == "failed"
+        assert client.get(f"/jobs/{failed}").json()["error"] == "the input was not what it should be"
+        assert client.get(f"/jobs/{crashed}").json()["error"] == "RuntimeError: unexpected"
+
+
+def test_cancel_a_running_job_and_refuse_to_cancel_an_ended_one(make_settings: Callable[..., Settings]) -> None:
+    release.clear()
+    with live_service(make_settings(), register) as live, live.client() as client:
+        job_id = live.app.state.context.jobs.submit("test_count", {"count": 10, "pause_at": 3})
+        wait_until(lambda: client.get(f"/jobs/{job_id}").json()["progress"]["done"] == 3, timeout=30, message="3")
+        assert client.post(f"/jobs/{job_id}/cancel").status_code == 200
+        assert live.app.state.context.jobs.wait(job_id, 30) == "cancelled"
+        again = client.post(f"/jobs/{job_id}/cancel")
+        assert again.status_code == 409 and again.json()["error"]["code"] == "INVALID_STATE"
+        assert client.get("/jobs/nope").status_code == 404
+
+
+def test_a_restart_resumes_resumable_jobs_and_fails_the_others(make_settings: Callable[..., Settings]) -> None:
+    release.clear()
+    settings = make_settings()
+    with live_service(settings, register) as live:
+        resumable = live.app.state.context.jobs.submit("test_count", {"count": 4, "pause_at": 2})
+        wait_until(lambda: live.app.state.context.jobs.wait(resumable, 0) == "running", timeout=30, message="run")
+    release.set()  # the service is gone; the next one will finish the job
+    with live_service(settings, register) as live, live.client() as client:
+        assert live.app.state.context.jobs.wait(resumable, 30) == "succeeded"
+        assert client.get(f"/jobs/{resumable}").json()["result"] == {"counted": 4, "resumed": True}
+
+
+def test_a_restart_fails_jobs_that_cannot_resume(make_settings: Callable[..., Settings]) -> None:
+    release.clear()
+    settings = make_settings()
+    with live_service(settings, lambda app: register(app, resumable=False)) as live:
+        job_id = live.app.state.context.jobs.submit("test_count", {"count": 4, "pause_at": 2})
+        wait_until(lambda: live.app.state.context.jobs.wait(job_id, 0) == "running", timeout=30, message="run")
+    with live_service(settings, lambda app: register(app, resumable=False)) as live, live.client() as client:
+        job = client.get(f"/jobs/{job_id}").json()
+        assert job["status"] == "failed"
+        assert "restarted" in job["error"]

@@ -1,0 +1,32 @@
+"""Tests clean up after themselves: every process a run of theirs started is stopped, even on failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+
+from service.db.engine import Database
+from service.db.models import RunProcess
+from supervisor.process import Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
+
+
+def stop_run_processes(database_url: str) -> list[int]:
+    """Stop (group, SIGTERM then SIGKILL) every recorded run process that is still the one started."""
+    db = Database(database_url)
+    try:
+        with db.session() as session:
+            rows = session.scalars(select(RunProcess)).all()
+            identities = [
+                (r.role, ProcessIdentity(r.pid, r.pgid or r.pid, r.start_time)) for r in rows if r.pid and r.start_time
+            ]
+    except Exception:  # noqa: BLE001 - a database that was never migrated has no processes
+        return []
+    finally:
+        db.dispose()
+    stopped = []
+    for role, identity in identities:
+        if identity_liveness(identity) is Liveness.ALIVE:
+            SupervisedProcess.adopt(role, identity, Path("/dev/null")).terminate(grace_s=5)
+            stopped.append(identity.pid)
+    return stopped
