@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -100,24 +100,18 @@ class Process:
             ) from error
 
     def signal_group(self, signum: int) -> None:
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signum)
-        except ProcessLookupError:
-            pass
 
     def stop(self, grace_s: float = 15.0) -> None:
         if self.alive:
             self.signal_group(signal.SIGTERM)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         # Grandchildren may outlive the leader; the group id is the leader's pid.
         self.signal_group(signal.SIGKILL)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         self._log.close()
 
     def log_tail(self, lines: int = 40) -> str:
