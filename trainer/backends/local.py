@@ -190,7 +190,8 @@ class LocalBackend(TrainingBackend):
         staging = directory.with_name(f".{directory.name}.tmp")
         staging.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            self.model.save_pretrained(staging)
+            # The base lm_head never changes; only the adapters (LoRA on lm_head included) need saving.
+            self.model.save_pretrained(staging, save_embedding_layers=False)
             torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
         (staging / "trainer_checkpoint.json").write_text(
             json.dumps({"step": step, "base_model": self.model_name})
