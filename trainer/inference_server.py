@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import uvicorn
@@ -117,12 +118,17 @@ class InferenceService:
     def __init__(self, backend: TrainingBackend) -> None:
         self.backend = backend
         self.tokenizer = backend.tokenizer
+        # Served requests and completions per endpoint, shown by /health: proof that rollouts flow.
+        self.counters: Counter[str] = Counter()
 
-    async def sample(self, request: SamplingRequest) -> list[Completion]:
+    async def sample(self, request: SamplingRequest, endpoint: str) -> list[Completion]:
         try:
-            return await asyncio.to_thread(self.backend.sample, request)
+            completions = await asyncio.to_thread(self.backend.sample, request)
         except ValueError as error:
             raise InvalidRequest(str(error)) from error
+        self.counters[endpoint] += 1
+        self.counters["completions"] += len(completions)
+        return completions
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -148,7 +154,8 @@ class InferenceService:
                 stop_token_ids=tuple(params.stop_token_ids or ()),
                 top_logprobs=body.top_logprobs_num,
                 seed=params.seed,
-            )
+            ),
+            "generate",
         )
         results = [self._generate_result(prompt, completion, body) for completion in completions]
         return results[0] if params.n == 1 else results
@@ -204,7 +211,8 @@ class InferenceService:
                     stop=_stop_list(body.stop),
                     top_logprobs=body.logprobs or 0,
                     seed=body.seed,
-                )
+                ),
+                "completions",
             )
             prompt_tokens += len(prompt)
             for completion in completions:
@@ -257,7 +265,8 @@ class InferenceService:
                 stop=_stop_list(body.stop),
                 top_logprobs=top_logprobs if body.logprobs else 0,
                 seed=body.seed,
-            )
+            ),
+            "chat_completions",
         )
         choices = [
             {
@@ -328,7 +337,12 @@ def create_app(backend: TrainingBackend) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": backend.model_name, "weights_version": backend.published.version}
+        return {
+            "status": "ok",
+            "model": backend.model_name,
+            "weights_version": backend.published.version,
+            "served": dict(service.counters),
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -69,6 +69,8 @@ def test_generate_answers_in_sglang_shape(served: tuple[str, LocalBackend]) -> N
             assert len(triples) == 5
     one = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {"n": 1}}).json()
     assert isinstance(one, dict) and "meta_info" in one  # a single object for n = 1, as SGLang answers
+    served_counts = httpx.get(f"{url}/health").json()["served"]
+    assert served_counts["generate"] >= 2 and served_counts["completions"] >= 4
 
 
 def test_atroposlib_sglang_client_gets_tokens_and_logprobs(served: tuple[str, LocalBackend]) -> None:
