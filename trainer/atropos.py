@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,18 +31,19 @@ class AtroposClient:
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
         self.base_url = base_url
 
-    def wait_until_up(self, timeout_s: float, poll_s: float = 0.2) -> None:
+    def wait_until_up(self, timeout_s: float, pause: Callable[[float], bool], poll_s: float = 0.2) -> bool:
+        """True once the API answers; False when `pause` (a wait that returns True on stop) says to stop."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 self._http.get("/status").raise_for_status()
-                return
+                return True
             except httpx.HTTPError as error:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the Atropos API at {self.base_url} did not answer: {error}"
-                    ) from error
-                time.sleep(poll_s)
+                    message = f"the Atropos API at {self.base_url} did not answer: {error}"
+                    raise RuntimeError(message) from error
+            if pause(poll_s):
+                return False
 
     def register(self, registration: Registration) -> int:
         response = self._http.post("/register", json=registration.__dict__)

@@ -161,8 +161,8 @@ class Trainer:
         self.metrics = MetricsWriter(config.run_dir)
         self._start_wandb()
         self.state_store.save(self.state)
-        self.atropos.wait_until_up(API_START_TIMEOUT_S)
-        self._register()
+        if self.atropos.wait_until_up(API_START_TIMEOUT_S, self.stop.wait):
+            self._register()
 
     def _start_wandb(self) -> None:
         config = self.config

@@ -109,7 +109,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
     )
     api_url = f"http://127.0.0.1:{api_port}"
     rng = random.Random(0)
-    batches = [[scored_group(rng) for _ in range(BATCH_SIZE // GROUP_SIZE)] for _ in range(3)]
+    batches = [[scored_group(rng) for _ in range(BATCH_SIZE // GROUP_SIZE)] for _ in range(4)]
     with processes() as start:
         start_api(start, run_dir, api_port, environment)
         trainer = start_trainer(start, config, environment)
@@ -154,9 +154,32 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         for group in batches[2]:
             httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
         assert trainer.wait(60) == 0, trainer.log_tail()
+        completed = trainer_state(run_dir)
+
+        # One more step in a restarted trainer: it resumes from the step-3 state, optimizer included.
+        write_run_yaml(
+            run_dir,
+            model_dir=tiny_model_dir,
+            api_port=api_port,
+            inference_port=inference_port,
+            total_steps=4,
+            group_size=GROUP_SIZE,
+            batch_size=BATCH_SIZE,
+            tinker={"backend": "tinker", "base_model": "Qwen/Qwen3-8B", "learning_rate": 0.05},
+        )
+        resumed = start_trainer(start, config, environment, name="trainer-resumed")
+        wait_http(f"http://127.0.0.1:{inference_port}/health", resumed, 90)
+        for group in batches[3]:
+            httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+        assert resumed.wait(60) == 0, resumed.log_tail()
+
+    [loaded] = service.calls("load_weights")
+    assert loaded["path"] == completed["checkpoints"][-1]["path"] and loaded["optimizer"] is True
+    assert len(service.calls("create_model")) == 1
+    assert trainer_state(run_dir)["step"] == 4
 
     forward_backward = service.calls("forward_backward")
-    assert len(forward_backward) == 3
+    assert len(forward_backward) == 4
     assert all(
         message.loss_fn == "importance_sampling" and not message.forward_only for message in forward_backward
     )
@@ -175,14 +198,14 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
             "weight_decay": 0.0,
             "grad_clip_norm": 0.0,
         }
-    ] * 3
-    assert [c["path"] for c in service.calls("save_weights")] == ["step_2", "step_3"]
+    ] * 4
+    assert [c["path"] for c in service.calls("save_weights")] == ["step_2", "step_3", "step_4"]
 
-    state = trainer_state(run_dir)
+    state = completed
     assert state["status"] == "completed" and state["step"] == 3 and state["backend"] == "tinker"
     assert [c["step"] for c in state["checkpoints"]] == [2, 3]
     assert all(c["path"].startswith("tinker://") for c in state["checkpoints"])
     assert state["weights"].startswith("tinker://") and state["weights"].endswith("sampler_weights/step_3")
-    metrics = step_metrics(run_dir)[-1]["metrics"]
+    metrics = step_metrics(run_dir)[2]["metrics"]
     assert metrics["logprobs/mean_training"] < 0 and metrics["train/learning_rate"] == 0.05
     assert service.calls("finish_session"), "the trainer did not close its Tinker session"
