@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -167,7 +168,7 @@ class Trainer:
     def _start_wandb(self) -> None:
         config = self.config
         run_config = {
-            key: str(value) if hasattr(value, "parts") else value for key, value in config.__dict__.items()
+            key: str(value) if isinstance(value, Path) else value for key, value in config.__dict__.items()
         }
         self.wandb = WandbMirror.start(
             config.wandb_project,

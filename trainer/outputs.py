@@ -113,7 +113,7 @@ class WandbMirror:
     @classmethod
     def start(
         cls, project: str, name: str, group: str, run_dir: Path, config: dict[str, Any], resume_id: str | None
-    ):
+    ) -> WandbMirror:
         if not wandb_configured():
             return cls(None)
         try:
