@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -253,6 +254,11 @@ class Trainer:
                         f"the Atropos API has been unreachable for too long: {error}"
                     ) from error
                 groups = None
+                if isinstance(error, httpx.HTTPStatusError) and error.response.status_code >= 500:
+                    # After /reset_data the API answers 500 until the trainer registers again.
+                    log.warning("the Atropos API failed to form a batch (%s); registering again", error)
+                    with contextlib.suppress(httpx.HTTPError):
+                        self._register()
             if groups:
                 timings.wait_for_batch_s = time.monotonic() - started
                 return groups

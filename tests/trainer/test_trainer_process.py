@@ -116,6 +116,10 @@ def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(
         resumed = start_trainer(start, config, environment, name="trainer-resumed")
         wait_http(f"http://127.0.0.1:{inference_port}/health", resumed, 90)
         assert httpx.get(f"http://127.0.0.1:{inference_port}/health").json()["weights_version"] == 3
+        # The API forgets its trainer on /reset_data and answers /batch with 500 until it registers again.
+        httpx.get(f"{api_url}/reset_data").raise_for_status()
+        wait_for(lambda: "registering again" in resumed.log_text(), 30, "the trainer to register again")
+        wait_for(lambda: httpx.get(f"{api_url}/info").json()["batch_size"] == BATCH_SIZE, 30, "registration")
         post_batch(api_url, rng)
         assert resumed.wait(90) == 0
         assert "resuming from the checkpoint of step 3" in resumed.log_text()
