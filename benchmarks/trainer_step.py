@@ -1,0 +1,182 @@
+"""Step-time breakdown of the trainer on the local backend with the tiny model.
+
+    .venv/bin/python benchmarks/trainer_step.py [--steps 30] [--warmup 3] [--device cpu]
+
+Each step: rollouts are sampled from the current weights (the environment's part, timed apart) and posted to
+a real `run-api`; then the trainer's part is timed phase by phase: waiting for the batch (`GET /batch`),
+datum build, forward/backward, optimiser, weight publish. Publishing shares the model in-process with the
+inference server, so it must stay a small fraction of a step (under 10%); the ratio is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.atropos import AtroposClient, Registration  # noqa: E402
+from trainer.backends.base import SamplingRequest  # noqa: E402
+from trainer.backends.local import LocalBackend  # noqa: E402
+from trainer.config import parse_config  # noqa: E402
+from trainer.loop import StepTimings, train_on_batch  # noqa: E402
+from trainer.tiny_model import init_tiny_model  # noqa: E402
+
+PHASES = ("wait_for_batch_s", "datum_build_s", "forward_backward_s", "optimizer_s", "publish_s")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_api(port: int) -> subprocess.Popen:
+    run_api = Path(sys.executable).parent / "run-api"
+    process = subprocess.Popen(
+        [str(run_api), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/status", timeout=1).raise_for_status()
+            return process
+        except httpx.HTTPError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("run-api did not start") from None
+            time.sleep(0.1)
+
+
+def stop_api(process: subprocess.Popen) -> None:
+    for signum, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, signum)
+            process.wait(timeout=wait_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def echo_groups(backend: LocalBackend, rng: random.Random, groups: int, group_size: int, new_tokens: int):
+    """Rollouts as the echo environment makes them: digits asked for, share of digits as the score."""
+    tokenizer = backend.tokenizer
+    batch = []
+    for _ in range(groups):
+        target = "".join(rng.choice("0123456789") for _ in range(4))
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Echo: {target}"}], tokenize=False, add_generation_prompt=True
+        )
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        completions = backend.sample(SamplingRequest(prompt, n=group_size, max_new_tokens=new_tokens))
+        batch.append(
+            {
+                "tokens": [prompt + c.tokens for c in completions],
+                "masks": [[-100] * len(prompt) + c.tokens for c in completions],
+                "scores": [
+                    sum(tokenizer.decode([t]).isdigit() for t in c.tokens) / new_tokens for c in completions
+                ],
+                "inference_logprobs": [[1.0] * len(prompt) + c.logprobs for c in completions],
+            }
+        )
+    return batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=1e-2)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="rlctl-bench-"))
+    model_dir = init_tiny_model(workdir / "tiny-qwen3")
+    api_port = free_port()
+    config = parse_config(
+        {
+            "env": {"rollout_server_url": f"http://127.0.0.1:{api_port}"},
+            "tinker": {
+                "base_model": str(model_dir),
+                "run_dir": str(workdir / "run"),
+                "inference_port": free_port(),
+                "device": args.device,
+                "learning_rate": args.learning_rate,
+            },
+        }
+    )
+    backend = LocalBackend(config)
+    batch_size = args.groups * args.group_size
+    api = start_api(api_port)
+    try:
+        client = AtroposClient(config.rollout_server_url)
+        client.register(Registration("bench", "bench", batch_size, 4096, str(workdir), 1000, 0, args.steps))
+        rng = random.Random(0)
+        measured: list[StepTimings] = []
+        rollout_s: list[float] = []
+        rewards: list[float] = []
+        for step in range(1, args.warmup + args.steps + 1):
+            started = time.perf_counter()
+            for group in echo_groups(backend, rng, args.groups, args.group_size, args.new_tokens):
+                httpx.post(f"{config.rollout_server_url}/scored_data", json=group).raise_for_status()
+            rollout_s.append(time.perf_counter() - started)
+            timings = StepTimings()
+            started = time.perf_counter()
+            groups = None
+            while not groups:
+                groups = client.get_batch()
+            timings.wait_for_batch_s = time.perf_counter() - started
+            report = train_on_batch(backend, groups, step, args.learning_rate, 1024, timings)
+            rewards.append(report.metrics["reward/mean"])
+            if step > args.warmup:
+                measured.append(timings)
+    finally:
+        stop_api(api)
+
+    print(
+        "trainer step breakdown, local backend, tiny Qwen3 (2 layers, 64 wide), "
+        f"LoRA rank {config.lora_rank} on attention+MLP+lm_head, {args.groups} groups x {args.group_size} "
+        f"rollouts x {args.new_tokens} new tokens, {args.steps} steps after {args.warmup} warm-up, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    means = {phase: statistics.mean(getattr(t, phase) for t in measured) for phase in PHASES}
+    total = sum(means.values())
+    for phase in PHASES:
+        print(f"  {phase.removesuffix('_s'):<20} {means[phase] * 1000:8.2f} ms  {means[phase] / total:6.1%}")
+    compute = total - means["wait_for_batch_s"]
+    print(f"  {'step total':<20} {total * 1000:8.2f} ms")
+    print(f"steps/s (trainer, incl. waiting for the batch): {1 / total:.2f}")
+    print(f"steps/s (trainer compute only): {1 / compute:.2f}")
+    rollout_ms = statistics.mean(rollout_s) * 1000
+    print(f"rollout sampling per step (environment side, not in the step): {rollout_ms:.1f} ms")
+    ratio = means["publish_s"] / total
+    verdict = "OK" if ratio < 0.10 else "TOO SLOW"
+    print(f"publish / step time: {ratio:.2%} ({verdict}: must stay under 10%, no base-model reload)")
+    quarter = max(1, len(rewards) // 4)
+    first, last = statistics.mean(rewards[:quarter]), statistics.mean(rewards[-quarter:])
+    print(f"mean reward first quarter {first:.3f}, last quarter {last:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Echo: reply with digits, ideally the prompt's own. A task a tiny random model measurably learns on CPU.
+
+Run it as `python environments/echo.py serve --config RUN.yaml` (atroposlib CLI).
+
+The score of a reply mixes an unconditional part (the share of its first `reply_tokens` characters that are
+digits), which a tiny model learns within a few dozen GRPO steps, with a conditional part (digits echoed in
+the right position), which keeps scores varying inside a group long after the first part is solved.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+from pydantic import Field
+
+DIGITS = "0123456789"
+
+
+def default_tokenizer_dir() -> str:
+    """The tiny model the local backend creates in the data directory."""
+    return os.path.join(os.environ.get("RLCTL_DATA_DIR", "var"), "models", "tiny-qwen3")
+
+
+def score_reply(reply: str, target: str, reply_tokens: int, digit_weight: float) -> float:
+    """Weighted share of digits in the reply's first `reply_tokens` characters plus share of digits echoed."""
+    head = reply.strip()[:reply_tokens]
+    digit_share = sum(c in DIGITS for c in head) / reply_tokens
+    echoed = sum(1 for produced, wanted in zip(head, target, strict=False) if produced == wanted)
+    return digit_weight * digit_share + (1.0 - digit_weight) * echoed / len(target)
+
+
+class EchoConfig(BaseEnvConfig):
+    digits: int = Field(4, ge=1, le=32, description="Digits in each prompt, to be echoed back.")
+    reply_tokens: int = Field(8, ge=1, le=256, description="Most tokens a reply may have; the score window.")
+    digit_weight: float = Field(0.75, ge=0.0, le=1.0, description="Weight of the digit share in the score.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
+    eval_items: int = Field(
+        8, ge=0, description="Prompts per evaluation, sampled greedily (0: no evaluation)."
+    )
+    seed: int = Field(0, description="Seed of the prompt stream.")
+
+
+class EchoEnv(BaseEnv):
+    """Echo digits back: a small task that a tiny random model learns from scratch on CPU within minutes."""
+
+    name = "echo"
+    env_config_cls = EchoConfig
+
+    def __init__(self, config: EchoConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+        super().__init__(config, server_configs, slurm, testing)
+        self.config: EchoConfig = config
+        self.prompts = random.Random(config.seed)
+        self.recent_scores: list[float] = []
+        self.eval_metrics: list[tuple[str, float]] = []
+
+    @classmethod
+    def config_init(cls) -> tuple[EchoConfig, list[APIServerConfig]]:
+        tokenizer = default_tokenizer_dir()
+        config = EchoConfig(
+            tokenizer_name=tokenizer,
+            group_size=8,
+            batch_size=32,
+            total_steps=60,
+            steps_per_eval=20,
+            max_token_length=512,
+            use_wandb=False,
+            wandb_name="echo",
+            # A solved group (all scores equal) still goes to the trainer, which skips it; dropping it here
+            # would starve a run of batches once the policy is good.
+            ensure_scores_are_not_same=False,
+        )
+        server = APIServerConfig(
+            model_name=tokenizer,
+            base_url="http://127.0.0.1:9001/v1",
+            api_key="local",
+            server_type="sglang",
+            health_check=False,
+        )
+        return config, [server]
+
+    async def setup(self) -> None:
+        """Prompts are generated on the fly; nothing to load."""
+
+    def new_target(self) -> str:
+        return "".join(self.prompts.choice(DIGITS) for _ in range(self.config.digits))
+
+    @staticmethod
+    def prompt_messages(target: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Echo: {target}"}]
+
+    async def get_next_item(self) -> dict[str, str]:
+        return {"target": self.new_target()}
+
+    def score(self, reply: str, target: str) -> float:
+        return score_reply(reply, target, self.config.reply_tokens, self.config.digit_weight)
+
+    async def collect_trajectories(self, item: dict[str, str]) -> tuple[ScoredDataGroup | None, list]:
+        messages = self.prompt_messages(item["target"])
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=messages,
+                n=self.config.group_size,
+                max_tokens=self.config.reply_tokens,
+                temperature=self.config.temperature,
+            )
+            nodes = managed.get_state()["nodes"]
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
+        for choice, node in zip(completion.choices, nodes, strict=True):
+            score = self.score(choice.message.content or "", item["target"])
+            self.recent_scores.append(score)
+            group["tokens"].append(node.tokens)
+            group["masks"].append(node.masked_tokens)
+            group["scores"].append(score)
+            group["inference_logprobs"].append(node.logprobs)
+        return group, []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        """Greedy replies to fresh prompts; eval/percent_correct is the mean score."""
+        if self.config.eval_items == 0:
+            return
+        evaluation = random.Random(self.config.seed + 1)
+        total = 0.0
+        for _ in range(self.config.eval_items):
+            target = "".join(evaluation.choice(DIGITS) for _ in range(self.config.digits))
+            completion = await self.server.chat_completion(
+                messages=self.prompt_messages(target),
+                n=1,
+                max_tokens=self.config.reply_tokens,
+                temperature=0.0,
+                split="eval",
+            )
+            total += self.score(completion.choices[0].message.content or "", target)
+        self.eval_metrics.append(("eval/percent_correct", total / self.config.eval_items))
+
+    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
+        wandb_metrics = dict(wandb_metrics or {})
+        if self.recent_scores:
+            wandb_metrics["train/percent_correct"] = sum(self.recent_scores) / len(self.recent_scores)
+            self.recent_scores = []
+        wandb_metrics.update(self.eval_metrics)
+        self.eval_metrics = []
+        await super().wandb_log(wandb_metrics)
+
+
+if __name__ == "__main__":
+    EchoEnv.cli()

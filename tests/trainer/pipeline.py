@@ -1,0 +1,267 @@
+"""Helpers for tests that run the real pipeline processes: ports, process groups, run YAMLs, waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SECRETS = ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def shared_gsm8k_dir() -> Path | None:
+    """GSM8K's JSONL files in ../shared/data beside the checkout; read there, never copied."""
+    for candidate in (
+        os.environ.get("RLCTL_SHARED_DATA"),
+        REPO_ROOT.parent / "shared" / "data",
+        "/work/shared/data",
+    ):
+        if candidate and (Path(candidate) / "gsm8k" / "train.jsonl").exists():
+            return Path(candidate) / "gsm8k"
+    return None
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll `condition` until it returns something truthy; fail with `what` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def child_environment(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment for pipeline processes: no secrets of the developer's shell, no network downloads."""
+    environment = {key: value for key, value in os.environ.items() if key not in SECRETS}
+    environment.update(
+        RLCTL_DATA_DIR=str(data_dir),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        WANDB_SILENT="true",
+    )
+    environment.pop("WANDB_MODE", None)
+    environment.update(extra)
+    return environment
+
+
+class Process:
+    """A child in its own process group, logging to a file; `stop` ends the whole group."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, environment: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.popen = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            env=environment,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            raise AssertionError(
+                f"{self.name} still running after {timeout_s} s:\n{self.log_tail()}"
+            ) from error
+
+    def signal_group(self, signum: int) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signum)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.alive:
+            self.signal_group(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace_s)
+        # Grandchildren may outlive the leader; the group id is the leader's pid.
+        self.signal_group(signal.SIGKILL)
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+@contextmanager
+def processes() -> Iterator[Callable[..., Process]]:
+    """Start processes with the yielded function; all of them are stopped, newest first, on the way out."""
+    started: list[Process] = []
+
+    def start(name: str, argv: list[str], log_path: Path, environment: dict[str, str]) -> Process:
+        process = Process(name, argv, log_path, environment)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+def wait_http(url: str, process: Process, timeout_s: float) -> None:
+    def answers() -> bool:
+        if not process.alive:
+            raise AssertionError(f"{process.name} exited ({process.popen.returncode}):\n{process.log_tail()}")
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, timeout_s, f"{url} to answer")
+
+
+def start_api(
+    start: Callable[..., Process], run_dir: Path, port: int, environment: dict[str, str]
+) -> Process:
+    api = start(
+        "run-api",
+        [str(VENV_BIN / "run-api"), "--host", "127.0.0.1", "--port", str(port)],
+        run_dir / "api.log",
+        environment,
+    )
+    wait_http(f"http://127.0.0.1:{port}/status", api, 60)
+    return api
+
+
+def start_trainer(
+    start: Callable[..., Process], config_path: Path, environment: dict[str, str], name: str = "trainer"
+) -> Process:
+    return start(
+        name,
+        [sys.executable, "-m", "trainer", "--config", str(config_path)],
+        config_path.parent / f"{name}.log",
+        environment,
+    )
+
+
+def start_environment(
+    start: Callable[..., Process], env_file: str, config_path: Path, environment: dict[str, str]
+) -> Process:
+    return start(
+        "environment",
+        [sys.executable, str(REPO_ROOT / "environments" / env_file), "serve", "--config", str(config_path)],
+        config_path.parent / "env.log",
+        environment,
+    )
+
+
+def write_run_yaml(
+    run_dir: Path,
+    *,
+    model_dir: Path,
+    api_port: int,
+    inference_port: int,
+    total_steps: int,
+    env: dict[str, Any] | None = None,
+    tinker: dict[str, Any] | None = None,
+    group_size: int = 8,
+    batch_size: int = 32,
+) -> Path:
+    """The merged run YAML, in the layout of docs/ARCHITECTURE.md."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    document = {
+        "env": {
+            "tokenizer_name": str(model_dir),
+            "rollout_server_url": f"http://127.0.0.1:{api_port}",
+            "group_size": group_size,
+            "batch_size": batch_size,
+            "total_steps": total_steps,
+            "max_token_length": 512,
+            "wandb_name": run_dir.name,
+            "use_wandb": False,
+            "max_batches_offpolicy": 3,
+            **(env or {}),
+        },
+        "openai": [
+            {
+                "model_name": str(model_dir),
+                "base_url": f"http://127.0.0.1:{inference_port}/v1",
+                "api_key": "local",
+                "server_type": "sglang",
+                "health_check": False,
+            }
+        ],
+        "tinker": {
+            "backend": "local",
+            "base_model": str(model_dir),
+            "lora_rank": 8,
+            "learning_rate": 0.01,
+            "total_steps": total_steps,
+            "batch_size": batch_size,
+            "group_size": group_size,
+            "max_token_trainer_length": 1024,
+            "save_checkpoint_interval": 10,
+            "inference_host": "127.0.0.1",
+            "inference_port": inference_port,
+            "run_dir": str(run_dir),
+            "wandb_project": "rlctl-tests",
+            "wandb_run_name": run_dir.name,
+            "seed": 0,
+            **(tinker or {}),
+        },
+        "slurm": False,
+        "testing": False,
+    }
+    path = run_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def metric_lines(run_dir: Path) -> list[dict[str, Any]]:
+    """Whole lines of metrics.jsonl; a trailing partial line is ignored, as the contract says."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+def step_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [record for record in metric_lines(run_dir) if "step" in record and "metrics" in record]
+
+
+def trainer_state(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "trainer_state.json"
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,62 @@
+"""The trainer's reading of the merged run YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.config import ConfigError, parse_config
+from trainer.defaults import LOCAL_DEFAULTS
+
+
+def document(**tinker: object) -> dict:
+    return {
+        "env": {"rollout_server_url": "http://127.0.0.1:8000/", "tokenizer_name": "/models/tiny"},
+        "tinker": {"run_dir": "/tmp/run-1", "inference_port": 9001, **tinker},
+    }
+
+
+def test_local_backend_fills_absent_keys_with_its_locked_defaults() -> None:
+    config = parse_config(document())
+    assert config.backend == "local"
+    assert config.base_model is None  # the tiny model in the data directory
+    assert config.learning_rate == LOCAL_DEFAULTS["learning_rate"]
+    assert config.total_steps == LOCAL_DEFAULTS["total_steps"]
+    assert (config.batch_size, config.group_size) == (
+        LOCAL_DEFAULTS["batch_size"],
+        LOCAL_DEFAULTS["group_size"],
+    )
+    assert config.rollout_server_url == "http://127.0.0.1:8000"
+    assert config.tokenizer_name == "/models/tiny"
+    assert config.run_dir == Path("/tmp/run-1")
+
+
+def test_tinker_backend_uses_the_operator_defaults() -> None:
+    config = parse_config(document(backend="tinker", learning_rate=1))
+    assert config.base_model == "Qwen/Qwen3-8B" and config.lora_rank == 32
+    assert config.learning_rate == 1.0  # an int where a float is expected is fine
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"backend": "gpu"}, "tinker.backend"),
+        ({"total_steps": "ten"}, "tinker.total_steps must be int"),
+        ({"total_steps": 0}, "must be positive"),
+        ({"inference_port": None}, "missing required key tinker.inference_port"),
+    ],
+)
+def test_bad_values_are_reported_by_key(change: dict, message: str) -> None:
+    doc = document(**change)
+    if change.get("inference_port", 1) is None:
+        del doc["tinker"]["inference_port"]
+    with pytest.raises(ConfigError, match=message):
+        parse_config(doc)
+
+
+def test_missing_sections_are_reported() -> None:
+    with pytest.raises(ConfigError, match="no `tinker` section"):
+        parse_config({"env": {}})
+    with pytest.raises(ConfigError, match="env.rollout_server_url"):
+        parse_config({"tinker": {"run_dir": "/tmp/r", "inference_port": 1}})

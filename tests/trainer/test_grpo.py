@@ -1,0 +1,79 @@
+"""GRPO batch preparation and step metrics, tested directly (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer.grpo import PROMPT_MASK, build_datum, group_advantages, prepare_batch, step_metrics
+
+
+def rollout(prompt: list[int], completion: list[int], logprobs: list[float]) -> tuple[list, list, list]:
+    """(tokens, masks, inference_logprobs) as atroposlib's managed server builds them."""
+    tokens = prompt + completion
+    masks = [PROMPT_MASK] * len(prompt) + completion
+    return tokens, masks, [1.0] * len(prompt) + logprobs
+
+
+def test_advantages_are_score_minus_group_mean() -> None:
+    assert group_advantages([1.0, 0.0, 0.5, 0.5]) == pytest.approx([0.5, -0.5, 0.0, 0.0])
+    assert group_advantages([2.0, 2.0]) == [0.0, 0.0]
+
+
+def test_datum_shifts_tokens_and_zeroes_advantages_on_prompt_positions() -> None:
+    tokens, masks, logprobs = rollout([10, 11, 12], [20, 21], [-0.5, -1.5])
+    datum = build_datum(tokens, masks, 0.25, logprobs, max_length=100)
+    assert datum is not None
+    assert datum.input_tokens == [10, 11, 12, 20]
+    assert datum.target_tokens == [11, 12, 20, 21]
+    assert datum.advantages == [0.0, 0.0, 0.25, 0.25]
+    assert datum.completion_mask == [False, False, True, True]
+    assert datum.sampler_logprobs == [1.0, 1.0, -0.5, -1.5]  # aligned with the targets
+
+
+def test_datum_without_usable_logprobs_leaves_them_to_the_backend() -> None:
+    tokens, masks, logprobs = rollout([1, 2], [3], [-2.0])
+    assert build_datum(tokens, masks, 1.0, None, 100).sampler_logprobs is None
+    assert build_datum(tokens, masks, 1.0, logprobs[:-1], 100).sampler_logprobs is None  # misaligned
+
+
+def test_datum_is_truncated_and_dropped_when_nothing_is_left_to_train() -> None:
+    tokens, masks, logprobs = rollout([1, 2, 3], [4, 5, 6], [-1.0, -1.0, -1.0])
+    truncated = build_datum(tokens, masks, 1.0, logprobs, max_length=5)
+    assert truncated.target_tokens == [2, 3, 4, 5]
+    assert build_datum(tokens, masks, 1.0, logprobs, max_length=3) is None  # prompt only
+    with pytest.raises(ValueError):
+        build_datum(tokens, masks[:-1], 1.0, logprobs, 100)
+
+
+def group(scores: list[float]) -> dict:
+    rollouts = [rollout([1, 2], [3 + index, 4], [-1.0, -2.0]) for index in range(len(scores))]
+    return {
+        "tokens": [r[0] for r in rollouts],
+        "masks": [r[1] for r in rollouts],
+        "scores": scores,
+        "inference_logprobs": [r[2] for r in rollouts],
+    }
+
+
+def test_batch_skips_groups_whose_advantages_are_all_zero() -> None:
+    batch = prepare_batch([group([1.0, 0.0]), group([0.5, 0.5]), group([0.0, 1.0, 1.0, 0.0])], 100)
+    assert batch.num_groups == 3 and batch.skipped_groups == 1
+    assert len(batch.data) == 6
+    assert batch.rewards == [1.0, 0.0, 0.5, 0.5, 0.0, 1.0, 1.0, 0.0]
+    assert batch.trained_advantages == [0.5, -0.5, -0.5, 0.5, 0.5, -0.5]
+
+
+def test_step_metrics_are_over_completion_tokens() -> None:
+    batch = prepare_batch([group([1.0, 0.0])], 100)
+    training = [[0.0, -1.5, -2.5], [0.0, -0.5, -1.5]]  # per target; the first target is a prompt token
+    metrics = step_metrics(batch, training, loss_sum=-2.0, learning_rate=0.01)
+    assert metrics["reward/mean"] == 0.5
+    assert metrics["logprobs/mean"] == pytest.approx(-1.5)  # sampler: -1, -2, -1, -2
+    assert metrics["logprobs/mean_training"] == pytest.approx(-1.5)
+    assert metrics["logprobs/diff"] == pytest.approx(0.0)
+    assert metrics["train/loss"] == pytest.approx(-0.5)  # per completion token
+    assert metrics["advantages/mean"] == 0.0 and metrics["advantages/std"] == pytest.approx(0.5)
+    assert metrics["train/learning_rate"] == 0.01
+    assert all(math.isfinite(value) for value in metrics.values())

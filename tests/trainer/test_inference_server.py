@@ -1,0 +1,142 @@
+"""The inference server over real HTTP on loopback: SGLang's /generate as atroposlib calls it, and the OpenAI
+API as the official `openai` client calls it."""
+
+from __future__ import annotations
+
+import asyncio
+import string
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.trainer.pipeline import free_port
+from trainer.backends.local import LocalBackend
+from trainer.config import parse_config
+from trainer.inference_server import InferenceServer, create_app
+
+
+@pytest.fixture(scope="module")
+def served(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, LocalBackend]]:
+    port = free_port()
+    config = parse_config(
+        {
+            "env": {"rollout_server_url": "http://127.0.0.1:1"},
+            "tinker": {
+                "base_model": str(tiny_model_dir),
+                "run_dir": str(tmp_path_factory.mktemp("run")),
+                "inference_port": port,
+                "device": "cpu",
+            },
+        }
+    )
+    backend = LocalBackend(config)
+    backend.publish_weights(7)
+    server = InferenceServer(create_app(backend), "127.0.0.1", port)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}", backend
+    finally:
+        server.stop()
+
+
+def test_health_and_models(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    health = httpx.get(f"{url}/health").json()
+    assert health["status"] == "ok" and health["weights_version"] == 7
+    models = httpx.get(f"{url}/v1/models").json()
+    assert [entry["id"] for entry in models["data"]] == [backend.model_name]
+
+
+def test_generate_answers_in_sglang_shape(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    prompt = backend.tokenizer.encode("Echo: 12", add_special_tokens=False)
+    params = {"n": 3, "max_new_tokens": 5, "temperature": 1.0, "stop": None}
+    many = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": params}).json()
+    assert isinstance(many, list) and len(many) == 3
+    for result in many:
+        meta = result["meta_info"]
+        triples = meta["output_token_logprobs"]
+        assert 1 <= len(triples) <= 5 == params["max_new_tokens"]
+        assert all(lp <= 0 and isinstance(tid, int) and text is None for lp, tid, text in triples)
+        assert meta["completion_tokens"] == len(triples) and meta["prompt_tokens"] == len(prompt)
+        assert meta["finish_reason"]["type"] in ("stop", "length")
+        if meta["finish_reason"]["type"] == "length":
+            assert len(triples) == 5
+    one = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {"n": 1}}).json()
+    assert isinstance(one, dict) and "meta_info" in one  # a single object for n = 1, as SGLang answers
+    served_counts = httpx.get(f"{url}/health").json()["served"]
+    assert served_counts["generate"] >= 2 and served_counts["completions"] >= 4
+
+
+def test_atroposlib_sglang_client_gets_tokens_and_logprobs(served: tuple[str, LocalBackend]) -> None:
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.sglang_server import SGLangServer
+
+    url, backend = served
+    config = APIServerConfig(
+        model_name=backend.model_name,
+        base_url=f"{url}/v1",
+        api_key="local",
+        server_type="sglang",
+        health_check=False,
+    )
+    client = SGLangServer(config)
+    prompt_tokens, outputs, logprobs, finish_reasons = asyncio.run(
+        client.tokens_and_logprobs_completion(prompt="Echo: 7", n=4, max_tokens=6, temperature=1.0)
+    )
+    assert prompt_tokens == backend.tokenizer.encode("Echo: 7")
+    assert len(outputs) == len(logprobs) == len(finish_reasons) == 4
+    assert all(len(tokens) == len(values) >= 1 for tokens, values in zip(outputs, logprobs, strict=True))
+    assert all(reason["type"] in ("stop", "length") for reason in finish_reasons)
+
+
+def test_openai_client_chat_has_usage_and_logprobs(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    messages = [{"role": "user", "content": "Echo: 4821"}]
+    response = client.chat.completions.create(
+        model=backend.model_name, messages=messages, max_tokens=4, n=2, logprobs=True, top_logprobs=3
+    )
+    template = backend.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert response.usage.prompt_tokens == len(backend.tokenizer.encode(template, add_special_tokens=False))
+    assert len(response.choices) == 2
+    sampled = 0
+    for choice in response.choices:
+        content = choice.logprobs.content
+        sampled += len(content)
+        assert 1 <= len(content) <= 4
+        assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 3 for entry in content)
+        assert all(entry.top_logprobs[0].logprob >= entry.logprob for entry in content)
+        assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "length" or len(content) < 4:
+            assert (choice.finish_reason == "length") == (len(content) == 4)
+    assert response.usage.completion_tokens == sampled
+    assert response.usage.total_tokens == response.usage.prompt_tokens + sampled
+
+
+def test_openai_completions_stop_strings_and_logprobs(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    every_character = list(string.printable)
+    stopped = client.completions.create(
+        model=backend.model_name, prompt="Echo: 5", max_tokens=8, n=3, stop=every_character, logprobs=2
+    )
+    for choice in stopped.choices:
+        assert choice.finish_reason == "stop"
+        assert choice.text == ""  # the stop string is cut from the text
+        assert len(choice.logprobs.token_logprobs) == 1 and len(choice.logprobs.top_logprobs[0]) <= 2
+    assert stopped.usage.completion_tokens == 3
+
+
+def test_bad_requests_get_openai_style_errors(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="echo is not supported"):
+        client.completions.create(model=backend.model_name, prompt="x", echo=True)
+    too_long = httpx.post(f"{url}/generate", json={"input_ids": [5] * 5000, "sampling_params": {"n": 1}})
+    assert too_long.status_code == 400 and "context" in too_long.json()["error"]["message"]

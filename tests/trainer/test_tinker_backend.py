@@ -1,0 +1,211 @@
+"""The `tinker` backend through the real `tinker` SDK against a loopback server speaking the Tinker protocol.
+
+The real Tinker service is a paid remote service that cannot be reached from here, so the test points
+`TINKER_BASE_URL` at `tinker_loopback.py` (the only stand-in in these tests). Everything else is real: the
+trainer process, the SDK, `run-api`. The test posts scored groups to the Atropos API and checks what reached
+the service: the LoRA config, one datum per rollout with shifted targets, sampler logprobs and advantages
+zeroed on the prompt, the `importance_sampling` loss, Adam's parameters, weights saved for sampling after
+every step, checkpoints, and sampling through the newest sampling client.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from tests.trainer.pipeline import (
+    child_environment,
+    free_port,
+    processes,
+    start_api,
+    start_trainer,
+    step_metrics,
+    trainer_state,
+    wait_for,
+    wait_http,
+    write_run_yaml,
+)
+from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
+
+GROUP_SIZE, BATCH_SIZE = 4, 8
+
+
+def scored_group(rng: random.Random) -> dict:
+    prompt = [1] + [rng.randrange(5, 100) for _ in range(5)]
+    completions = [[rng.randrange(5, 100) for _ in range(rng.randint(2, 4))] for _ in range(GROUP_SIZE)]
+    return {
+        "tokens": [prompt + c for c in completions],
+        "masks": [[-100] * len(prompt) + c for c in completions],
+        "scores": [rng.random() for _ in range(GROUP_SIZE)],
+        "inference_logprobs": [[1.0] * len(prompt) + [-rng.uniform(1, 6) for _ in c] for c in completions],
+    }
+
+
+def expected_datums(groups: list[dict]) -> set[tuple]:
+    """(inputs, targets, sampler logprobs, advantages) per rollout, as SPEC §6 defines the datum."""
+    expected = set()
+    for group in groups:
+        mean = sum(group["scores"]) / len(group["scores"])
+        for tokens, masks, score, logprobs in zip(
+            group["tokens"], group["masks"], group["scores"], group["inference_logprobs"], strict=True
+        ):
+            advantages = [round(score - mean, 4) if m != -100 else 0.0 for m in masks[1:]]
+            rounded = tuple(round(v, 4) for v in logprobs[1:])
+            expected.add((tuple(tokens[:-1]), tuple(tokens[1:]), rounded, tuple(advantages)))
+    return expected
+
+
+def sent_datums(message) -> set[tuple]:
+    sent = set()
+    for datum in message.data:
+        inputs = tuple(int(t) for chunk in datum.model_input for t in _tensor_tokens(chunk))
+        targets = tuple(int(t) for t in _tensor(datum.loss_fn_inputs["target_tokens"]))
+        logprobs = tuple(round(float(v), 4) for v in _tensor(datum.loss_fn_inputs["logprobs"]))
+        advantages = tuple(round(float(v), 4) for v in _tensor(datum.loss_fn_inputs["advantages"]))
+        sent.add((inputs, targets, logprobs, advantages))
+    return sent
+
+
+def _tensor_tokens(chunk) -> list[int]:
+    import numpy as np
+
+    return np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
+
+
+@pytest.fixture
+def loopback(tiny_model_dir: Path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    service = LoopbackTinker(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    with LoopbackServer(service, free_port()) as server:
+        yield service, server.url
+
+
+def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path, loopback) -> None:
+    service, tinker_url = loopback
+    api_port, inference_port = free_port(), free_port()
+    run_dir = tmp_path / "run"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=tiny_model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=3,
+        group_size=GROUP_SIZE,
+        batch_size=BATCH_SIZE,
+        tinker={
+            "backend": "tinker",
+            "base_model": "Qwen/Qwen3-8B",
+            "learning_rate": 0.05,
+            "save_checkpoint_interval": 2,
+        },
+    )
+    # A loopback key: the SDK insists on the tml- prefix; the server only records it.
+    environment = child_environment(
+        tmp_path / "var", TINKER_BASE_URL=tinker_url, TINKER_API_KEY="tml-loopback"
+    )
+    api_url = f"http://127.0.0.1:{api_port}"
+    rng = random.Random(0)
+    batches = [[scored_group(rng) for _ in range(BATCH_SIZE // GROUP_SIZE)] for _ in range(4)]
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+
+        [created] = service.calls("create_model")
+        assert created["base_model"] == "Qwen/Qwen3-8B"
+        assert created["lora_config"] == {
+            "rank": 8,
+            "seed": 0,
+            "train_unembed": True,
+            "train_mlp": True,
+            "train_attn": True,
+        }
+        assert service.api_keys == {"tml-loopback"}
+
+        for batch in batches[:2]:
+            for group in batch:
+                httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+        wait_for(lambda: len(step_metrics(run_dir)) == 2, 60, "two steps")
+
+        # The inference server samples through the sampling client of the newest published weights.
+        prompt = [1, 40, 41, 42]
+        params = {"n": 3, "max_new_tokens": 5, "temperature": 1.0}
+        results = httpx.post(
+            f"http://127.0.0.1:{inference_port}/generate",
+            json={"input_ids": prompt, "sampling_params": params},
+        ).json()
+        assert len(results) == 3
+        assert all(
+            len(r["meta_info"]["output_token_logprobs"]) == r["meta_info"]["completion_tokens"]
+            for r in results
+        )
+        [sampled] = service.calls("asample")
+        published = [c for c in service.calls("save_weights_for_sampler") if not c.get("path")]
+        assert len(published) == 3  # at start-up, then after steps 1 and 2
+        newest_session = max(service.samplers, key=list(service.samplers).index)
+        assert sampled["sampling_session_id"] == newest_session
+        assert sampled["num_samples"] == 3 and sampled["sampling_params"]["max_tokens"] == 5
+        assert [chunk["tokens"] for chunk in sampled["prompt"]["chunks"]] == [prompt]
+
+        for group in batches[2]:
+            httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+        assert trainer.wait(60) == 0, trainer.log_tail()
+        completed = trainer_state(run_dir)
+
+        # One more step in a restarted trainer: it resumes from the step-3 state, optimizer included.
+        write_run_yaml(
+            run_dir,
+            model_dir=tiny_model_dir,
+            api_port=api_port,
+            inference_port=inference_port,
+            total_steps=4,
+            group_size=GROUP_SIZE,
+            batch_size=BATCH_SIZE,
+            tinker={"backend": "tinker", "base_model": "Qwen/Qwen3-8B", "learning_rate": 0.05},
+        )
+        resumed = start_trainer(start, config, environment, name="trainer-resumed")
+        wait_http(f"http://127.0.0.1:{inference_port}/health", resumed, 90)
+        for group in batches[3]:
+            httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+        assert resumed.wait(60) == 0, resumed.log_tail()
+
+    [loaded] = service.calls("load_weights")
+    assert loaded["path"] == completed["checkpoints"][-1]["path"] and loaded["optimizer"] is True
+    assert len(service.calls("create_model")) == 1
+    assert trainer_state(run_dir)["step"] == 4
+
+    forward_backward = service.calls("forward_backward")
+    assert len(forward_backward) == 4
+    assert all(
+        message.loss_fn == "importance_sampling" and not message.forward_only for message in forward_backward
+    )
+    # One forward/backward per batch (Atropos may hand out batches formed together in any order).
+    sent = sorted((frozenset(sent_datums(message)) for message in forward_backward), key=sorted)
+    expected = sorted((frozenset(expected_datums(batch)) for batch in batches), key=sorted)
+    assert sent == expected
+
+    optim_steps = service.calls("optim_step")
+    assert [step["adam_params"] for step in optim_steps] == [
+        {
+            "learning_rate": 0.05,
+            "beta1": 0.9,
+            "beta2": 0.95,
+            "eps": 1e-08,
+            "weight_decay": 0.0,
+            "grad_clip_norm": 0.0,
+        }
+    ] * 4
+    assert [c["path"] for c in service.calls("save_weights")] == ["step_2", "step_3", "step_4"]
+
+    state = completed
+    assert state["status"] == "completed" and state["step"] == 3 and state["backend"] == "tinker"
+    assert [c["step"] for c in state["checkpoints"]] == [2, 3]
+    assert all(c["path"].startswith("tinker://") for c in state["checkpoints"])
+    assert state["weights"].startswith("tinker://") and state["weights"].endswith("sampler_weights/step_3")
+    metrics = step_metrics(run_dir)[2]["metrics"]
+    assert metrics["logprobs/mean_training"] < 0 and metrics["train/learning_rate"] == 0.05
+    assert service.calls("finish_session"), "the trainer did not close its Tinker session"

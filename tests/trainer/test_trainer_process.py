@@ -1,0 +1,163 @@
+"""`python -m trainer` as a real process against the real Atropos API (`run-api`); the test plays the
+environment's part by posting scored groups to the API, so the trainer's behaviour is checked step by step:
+metrics, waiting reports, SIGTERM, checkpoints and resume."""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.trainer.pipeline import (
+    child_environment,
+    free_port,
+    metric_lines,
+    processes,
+    start_api,
+    start_trainer,
+    step_metrics,
+    trainer_state,
+    wait_for,
+    wait_http,
+    write_run_yaml,
+)
+
+REQUIRED_METRICS = {
+    "train/loss",
+    "train/learning_rate",
+    "reward/mean",
+    "logprobs/mean",
+    "logprobs/mean_training",
+    "logprobs/diff",
+    "advantages/mean",
+    "advantages/std",
+    "time/step_s",
+    "throughput/tokens_per_s",
+}
+GROUP_SIZE, BATCH_SIZE = 4, 8
+
+
+def scored_group(rng: random.Random, with_logprobs: bool) -> dict:
+    """A group as an environment would send it: prompt tokens masked with -100, varied scores."""
+    prompt = [1] + [rng.randrange(5, 100) for _ in range(6)]
+    tokens, masks, logprobs = [], [], []
+    for _ in range(GROUP_SIZE):
+        completion = [rng.randrange(5, 100) for _ in range(rng.randint(2, 5))]
+        tokens.append(prompt + completion)
+        masks.append([-100] * len(prompt) + completion)
+        logprobs.append([1.0] * len(prompt) + [-4.6] * len(completion))
+    group = {"tokens": tokens, "masks": masks, "scores": [rng.random() for _ in range(GROUP_SIZE)]}
+    if with_logprobs:
+        group["inference_logprobs"] = logprobs
+    return group
+
+
+def post_batch(api_url: str, rng: random.Random, with_logprobs: bool = True) -> None:
+    for _ in range(BATCH_SIZE // GROUP_SIZE):
+        response = httpx.post(f"{api_url}/scored_data", json=scored_group(rng, with_logprobs))
+        response.raise_for_status()
+
+
+def steps_done(run_dir: Path) -> list[int]:
+    return [record["step"] for record in step_metrics(run_dir)]
+
+
+def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    api_port, inference_port = free_port(), free_port()
+    run_dir = tmp_path / "run"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=tiny_model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=4,
+        group_size=GROUP_SIZE,
+        batch_size=BATCH_SIZE,
+        tinker={"save_checkpoint_interval": 2, "waiting_report_interval_s": 0.5},
+    )
+    environment = child_environment(tmp_path / "var")
+    api_url = f"http://127.0.0.1:{api_port}"
+    rng = random.Random(0)
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+
+        waiting = wait_for(
+            lambda: [r for r in metric_lines(run_dir) if r.get("event") == "waiting_for_rollouts"],
+            30,
+            "a waiting_for_rollouts report",
+        )
+        assert waiting[0]["waited_s"] >= 0.5 and waiting[0]["step"] == 0
+        assert "waiting for rollouts" in trainer.log_text()
+
+        post_batch(api_url, rng, with_logprobs=False)  # the trainer computes sampler logprobs itself
+        post_batch(api_url, rng)
+        post_batch(api_url, rng)
+        wait_for(lambda: steps_done(run_dir) == [1, 2, 3], 60, "three steps")
+        for record in step_metrics(run_dir):
+            assert record["metrics"].keys() >= REQUIRED_METRICS
+            assert record["metrics"]["batch/sequences"] == BATCH_SIZE
+        health = httpx.get(f"http://127.0.0.1:{inference_port}/health").json()
+        assert health["weights_version"] == 3  # published after every step
+
+        trainer.signal_group(signal.SIGTERM)
+        assert trainer.wait(60) == 0
+        state = trainer_state(run_dir)
+        assert state["status"] == "stopped" and state["step"] == 3
+        assert [c["step"] for c in state["checkpoints"]] == [2, 3]  # by interval, then at the stop
+        assert Path(state["weights"]).name == "step_3" and Path(state["weights"]).is_dir()
+
+        resumed = start_trainer(start, config, environment, name="trainer-resumed")
+        wait_http(f"http://127.0.0.1:{inference_port}/health", resumed, 90)
+        assert httpx.get(f"http://127.0.0.1:{inference_port}/health").json()["weights_version"] == 3
+        # The API forgets its trainer on /reset_data and answers /batch with 500 until it registers again.
+        httpx.get(f"{api_url}/reset_data").raise_for_status()
+        wait_for(lambda: "registering again" in resumed.log_text(), 30, "the trainer to register again")
+        wait_for(lambda: httpx.get(f"{api_url}/info").json()["batch_size"] == BATCH_SIZE, 30, "registration")
+        post_batch(api_url, rng)
+        assert resumed.wait(90) == 0
+        assert "resuming from the checkpoint of step 3" in resumed.log_text()
+
+    state = trainer_state(run_dir)
+    assert state["status"] == "completed" and state["step"] == 4 and state["total_steps"] == 4
+    assert [c["step"] for c in state["checkpoints"]] == [2, 3, 4]
+    assert steps_done(run_dir) == [1, 2, 3, 4]  # appended across both processes, each step once
+
+
+def test_bad_configuration_exits_with_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("tinker:\n  run_dir: /tmp/x\n  total_steps: many\n")
+    with processes() as start:
+        trainer = start_trainer(start, config, child_environment(tmp_path / "var"))
+        assert trainer.wait(60) == 2
+        assert "invalid run configuration" in trainer.log_text()
+
+
+@pytest.mark.parametrize("key", [None, ""])
+def test_tinker_backend_without_api_key_fails_clearly(
+    tiny_model_dir: Path, tmp_path: Path, key: str | None
+) -> None:
+    run_dir = tmp_path / "run"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=tiny_model_dir,
+        api_port=free_port(),
+        inference_port=free_port(),
+        total_steps=2,
+        tinker={"backend": "tinker"},
+    )
+    environment = child_environment(tmp_path / "var")
+    if key is not None:
+        environment["TINKER_API_KEY"] = key
+    with processes() as start:
+        trainer = start_trainer(start, config, environment)
+        assert trainer.wait(60) == 1
+        assert "TINKER_API_KEY is not set" in trainer.log_text()
+    state = trainer_state(run_dir)
+    assert state["status"] == "failed" and "TINKER_API_KEY" in state["error"]

@@ -1,0 +1,308 @@
+"""A loopback server speaking the Tinker wire protocol, for the calls rlctl's trainer makes.
+
+Why a stand-in: the real Tinker service is a paid remote service that cannot be reached from here. This server
+implements just enough of the protocol of the installed `tinker` SDK (0.38.0) for the real SDK client to run
+unmodified against it: client config, sessions and heartbeats, telemetry, model creation and info,
+forward/backward (protobuf in and out), Adam steps, saving and loading weights, sampling (protobuf out), and
+the long-polled `/api/v1/retrieve_future` through which every asynchronous call returns its result.
+
+Behind the protocol is a real, if minimal, learner: a single vector of logits over the vocabulary (a unigram
+model). Forward/backward computes the importance-sampling loss and its gradient, `optim_step` applies Adam
+with the parameters sent, and sampling draws from the snapshot saved for the sampler. Every request is
+recorded so tests can check what the trainer sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from tinker.proto import tinker_public_pb2 as pb
+
+PROTOBUF = "application/x-protobuf"
+
+
+@dataclass
+class UnigramModel:
+    """Logits over the vocabulary, trained with Adam; enough to show learning through the protocol."""
+
+    vocab_size: int
+    logits: np.ndarray = field(init=False)
+    gradient: np.ndarray = field(init=False)
+    first_moment: np.ndarray = field(init=False)
+    second_moment: np.ndarray = field(init=False)
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.logits = np.zeros(self.vocab_size)
+        self.gradient = np.zeros(self.vocab_size)
+        self.first_moment = np.zeros(self.vocab_size)
+        self.second_moment = np.zeros(self.vocab_size)
+
+    def log_probs(self, logits: np.ndarray | None = None) -> np.ndarray:
+        values = self.logits if logits is None else logits
+        shifted = values - values.max()
+        return shifted - np.log(np.exp(shifted).sum())
+
+    def importance_sampling(self, targets: np.ndarray, sampler: np.ndarray, advantages: np.ndarray) -> float:
+        """Add the gradient of -(exp(logp - sampler_logp) * adv).sum() to the accumulator; return the loss."""
+        log_probs = self.log_probs()
+        weights = -np.exp(log_probs[targets] - sampler) * advantages  # d loss / d logp per position
+        probabilities = np.exp(log_probs)
+        np.add.at(self.gradient, targets, weights)
+        self.gradient -= weights.sum() * probabilities
+        return float(weights.sum())
+
+    def adam(self, learning_rate: float, beta1: float, beta2: float, eps: float) -> None:
+        self.steps += 1
+        self.first_moment = beta1 * self.first_moment + (1 - beta1) * self.gradient
+        self.second_moment = beta2 * self.second_moment + (1 - beta2) * self.gradient**2
+        corrected_first = self.first_moment / (1 - beta1**self.steps)
+        corrected_second = self.second_moment / (1 - beta2**self.steps)
+        self.logits = self.logits - learning_rate * corrected_first / (np.sqrt(corrected_second) + eps)
+        self.gradient = np.zeros(self.vocab_size)
+
+
+@dataclass
+class StoredResult:
+    payload: Any  # dict for JSON results, bytes for protobuf results
+
+    @property
+    def is_proto(self) -> bool:
+        return isinstance(self.payload, bytes)
+
+
+class LoopbackTinker:
+    """State and handlers of the loopback service; `requests` records (endpoint, decoded body) pairs."""
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.requests: list[tuple[str, Any]] = []
+        self.api_keys: set[str] = set()
+        self.models: dict[str, UnigramModel] = {}
+        self.checkpoints: dict[str, np.ndarray] = {}
+        self.samplers: dict[str, np.ndarray] = {}
+        self._results: dict[str, StoredResult] = {}
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng(seed)
+
+    def record(self, endpoint: str, body: Any, request: Request) -> None:
+        with self._lock:
+            self.requests.append((endpoint, body))
+            self.api_keys.add(request.headers.get("x-api-key", ""))
+
+    def calls(self, endpoint: str) -> list[Any]:
+        with self._lock:
+            return [body for name, body in self.requests if name == endpoint]
+
+    def future(self, payload: Any, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
+        request_id = uuid.uuid4().hex
+        self._results[request_id] = StoredResult(payload)
+        return {"request_id": request_id, "model_id": model_id, **extra}
+
+    # --- training -------------------------------------------------------------------------------
+
+    def forward_backward(self, message: pb.ForwardBackwardRequest) -> bytes:
+        model = self.models[message.model_id]
+        log_probs_per_datum: list[np.ndarray] = []
+        loss = 0.0
+        for datum in message.data:
+            targets = _tensor(datum.loss_fn_inputs["target_tokens"]).astype(np.int64)
+            log_probs_per_datum.append(model.log_probs()[targets].astype(np.float32))
+            if message.loss_fn == "importance_sampling" and not message.forward_only:
+                sampler = _tensor(datum.loss_fn_inputs["logprobs"])
+                advantages = _tensor(datum.loss_fn_inputs["advantages"])
+                loss += model.importance_sampling(targets, sampler, advantages)
+        return _forward_backward_output(log_probs_per_datum, loss)
+
+    def sample(self, body: dict[str, Any]) -> bytes:
+        logits = self.samplers[body["sampling_session_id"]]
+        params = body.get("sampling_params", {})
+        temperature = float(params.get("temperature", 1.0))
+        max_tokens = int(params.get("max_tokens") or 16)
+        log_probs = UnigramModel(self.vocab_size).log_probs(logits)
+        scaled = np.exp(UnigramModel(self.vocab_size).log_probs(logits / max(temperature, 1e-6)))
+        response = pb.SampleResponse()
+        for _ in range(int(body.get("num_samples", 1))):
+            tokens = self._rng.choice(self.vocab_size, size=max_tokens, p=scaled)
+            stop_reason = pb.STOP_REASON_LENGTH
+            if self.eos_token_id is not None and self.eos_token_id in tokens:
+                tokens = tokens[: int(np.argmax(tokens == self.eos_token_id)) + 1]
+                stop_reason = pb.STOP_REASON_STOP
+            response.sequences.add(
+                stop_reason=stop_reason,
+                tokens=tokens.astype(np.int32).tobytes(),
+                logprobs=log_probs[tokens].astype(np.float32).tobytes(),
+            )
+        return response.SerializeToString()
+
+
+def _tensor(message: pb.Tensor) -> np.ndarray:
+    dtype = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64}[message.dtype]
+    return np.frombuffer(message.dense, dtype=dtype)
+
+
+def _forward_backward_output(log_probs: list[np.ndarray], loss: float) -> bytes:
+    sizes = [array.nbytes for array in log_probs]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    batched = pb.BatchedTensor(
+        data=b"".join(array.tobytes() for array in log_probs),
+        offsets=offsets.tobytes(),
+        dtype=pb.DTYPE_FLOAT32,
+    )
+    output = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", metrics={"loss:sum": loss})
+    output.loss_fn_outputs.add(
+        type_tag="ArrayRecord", fields={"logprobs": batched}, num_datums=len(log_probs)
+    )
+    return output.SerializeToString()
+
+
+def create_app(service: LoopbackTinker) -> FastAPI:
+    app = FastAPI()
+
+    async def json_body(request: Request, endpoint: str) -> dict[str, Any]:
+        body = await request.json()
+        service.record(endpoint, body, request)
+        return body
+
+    @app.post("/api/v1/client/config")
+    async def client_config(request: Request) -> dict[str, Any]:
+        await json_body(request, "client/config")
+        return {"pjwt_auth_enabled": False, "sample_use_retrieve_futures": False}
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def dynamic_config(request: Request) -> dict[str, Any]:
+        await json_body(request, "client/dynamic_config")
+        return {"refresh_interval_sec": 300}
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request) -> dict[str, Any]:
+        await json_body(request, "create_session")
+        return {"type": "create_session", "session_id": f"session-{uuid.uuid4().hex[:8]}"}
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request) -> dict[str, Any]:
+        await json_body(request, "session_heartbeat")
+        return {"type": "session_heartbeat"}
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry(request: Request) -> dict[str, Any]:
+        await request.body()
+        return {"status": "accepted"}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish(session_id: str, request: Request) -> Response:
+        await json_body(request, "finish_session")
+        return Response(status_code=200, content=b"null", media_type="application/json")
+
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "create_model")
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        service.models[model_id] = UnigramModel(service.vocab_size)
+        return service.future({"model_id": model_id, "type": "create_model"}, model_id)
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "get_info")
+        return {
+            "type": "get_info",
+            "model_id": body["model_id"],
+            "model_data": {"arch": "unigram", "model_name": "loopback-unigram", "tokenizer_id": None},
+            "is_lora": True,
+        }
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request) -> dict[str, Any]:
+        message = pb.ForwardBackwardRequest()
+        message.ParseFromString(await request.body())
+        service.record("forward_backward", message, request)
+        return service.future(service.forward_backward(message), message.model_id)
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "optim_step")
+        params = body["adam_params"]  # the wire name of AdamParams
+        service.models[body["model_id"]].adam(
+            params["learning_rate"], params["beta1"], params["beta2"], params["eps"]
+        )
+        return service.future({"metrics": {}}, body["model_id"])
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_for_sampler(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "save_weights_for_sampler")
+        snapshot = service.models[body["model_id"]].logits.copy()
+        if body.get("path"):
+            path = f"tinker://{body['model_id']}/sampler_weights/{body['path']}"
+            service.checkpoints[path] = snapshot
+            return service.future({"path": path, "type": "save_weights_for_sampler"}, body["model_id"])
+        session = f"sampler-{uuid.uuid4().hex[:8]}"
+        service.samplers[session] = snapshot
+        result = {"sampling_session_id": session, "type": "save_weights_for_sampler"}
+        return service.future(result, body["model_id"])
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "save_weights")
+        path = f"tinker://{body['model_id']}/weights/{body['path']}"
+        service.checkpoints[path] = service.models[body["model_id"]].logits.copy()
+        return service.future({"path": path, "type": "save_weights"}, body["model_id"])
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "load_weights")
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        model = UnigramModel(service.vocab_size)
+        model.logits = service.checkpoints[body["path"]].copy()
+        service.models[model_id] = model
+        return service.future({"path": body["path"], "model_id": model_id, "type": "load_weights"}, model_id)
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "asample")
+        count = int(body.get("num_samples", 1))
+        ids = [uuid.uuid4().hex for _ in range(count)]
+        return service.future(service.sample(body), None, sample_sequence_ids=ids)
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        body = await request.json()
+        result = service._results.get(body["request_id"])
+        if result is None:
+            return JSONResponse(status_code=404, content={"detail": "unknown request id"})
+        if result.is_proto:
+            return Response(content=result.payload, media_type=PROTOBUF)
+        return JSONResponse(content=result.payload)
+
+    return app
+
+
+class LoopbackServer:
+    """Serves a LoopbackTinker on 127.0.0.1 from a background thread."""
+
+    def __init__(self, service: LoopbackTinker, port: int) -> None:
+        config = uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the loopback Tinker server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

@@ -1,0 +1,114 @@
+"""The interface every training backend implements, and the sampling types the inference server uses."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.grpo import TrainingDatum
+
+TopLogprobs = list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    prompt_tokens: list[int]
+    n: int = 1
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]  # under the model itself (temperature 1), the same quantity the trainer computes
+    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
+    top_logprobs: list[TopLogprobs] | None = None
+    matched_stop: str | int | None = None
+
+
+@dataclass(frozen=True)
+class ForwardBackwardResult:
+    loss_sum: float
+    logprobs: list[list[float]]  # per datum, aligned with its target tokens
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: str  # local directory or tinker:// URI of the training state
+    weights: str  # what a user loads for inference: local adapter directory or tinker:// sampler URI
+
+    def as_record(self) -> dict[str, Any]:
+        return {"step": self.step, "path": self.path, "weights": self.weights}
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    version: int = 0  # the training step the weights come from
+    reference: str | None = None  # remote sampler handle, or None when published in-process
+
+
+class FairLock:
+    """A first-come-first-served lock, so a training step never starves behind a stream of sampling calls."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._next_ticket = 0
+        self._now_serving = 0
+
+    def __enter__(self) -> FairLock:
+        with self._condition:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._condition.wait_for(lambda: self._now_serving == ticket)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._condition:
+            self._now_serving += 1
+            self._condition.notify_all()
+
+
+class TrainingBackend(ABC):
+    """One trainable LoRA model: gradients, optimiser, published weights for sampling, checkpoints."""
+
+    name: str
+    model_name: str  # the id the inference server reports
+    tokenizer: Any
+    published: PublishedWeights = PublishedWeights()  # replaced, never mutated: readers see whole values
+
+    @abstractmethod
+    def compute_logprobs(self, data: Sequence[TrainingDatum]) -> list[list[float]]:
+        """Logprobs of each datum's targets under the current weights (no gradients)."""
+
+    @abstractmethod
+    def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
+        """Accumulate gradients of the importance-sampling loss -(exp(logp - sampler_logp) * adv).sum()."""
+
+    @abstractmethod
+    def optim_step(self, learning_rate: float) -> None:
+        """Apply one Adam step (β1 0.9, β2 0.95, eps 1e-8) and clear the gradients."""
+
+    @abstractmethod
+    def publish_weights(self, step: int) -> PublishedWeights:
+        """Make the current weights the ones the inference server samples from."""
+
+    @abstractmethod
+    def save_checkpoint(self, step: int) -> Checkpoint:
+        """Persist weights and optimiser state so a restarted trainer continues from `step`."""
+
+    @abstractmethod
+    def sample(self, request: SamplingRequest) -> list[Completion]:
+        """`request.n` completions from the newest published weights."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release remote sessions or other resources."""

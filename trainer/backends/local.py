@@ -1,0 +1,308 @@
+"""The `local` backend: torch + peft LoRA on this machine (CPU or CUDA).
+
+The model lives in the trainer process and is shared with the inference server: publishing weights after a
+step is an in-process version bump, never a reload. A first-come-first-served lock keeps a sampling call from
+seeing weights half-way through an optimiser step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainer.backends.base import (
+    Checkpoint,
+    Completion,
+    FairLock,
+    ForwardBackwardResult,
+    PublishedWeights,
+    SamplingRequest,
+    TrainingBackend,
+)
+from trainer.config import TrainerConfig
+from trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
+from trainer.grpo import TrainingDatum
+from trainer.tiny_model import default_tiny_model_dir, init_tiny_model
+
+log = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter_model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+# Tokens per forward/backward micro-batch: bounds activation memory on real models.
+MICROBATCH_TOKENS = 16384
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def resolve_base_model(config: TrainerConfig) -> str:
+    """The configured model directory or cached hub id; the tiny model in the data directory by default."""
+    if config.base_model:
+        return config.base_model
+    return str(init_tiny_model(default_tiny_model_dir(config.data_dir), seed=config.seed))
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Every linear layer kind: attention, MLP and the unembedding, as Tinker's LoRA trains by default."""
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    )
+
+
+def _pad(
+    rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    width = max(len(row) for row in rows)
+    return torch.tensor(
+        [list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype, device=device
+    )
+
+
+def _microbatches(data: Sequence[TrainingDatum]) -> list[list[int]]:
+    """Datum indices grouped so each group's padded size stays under MICROBATCH_TOKENS."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in sorted(range(len(data)), key=lambda i: len(data[i].input_tokens)):
+        length = len(data[index].input_tokens)
+        if current and max(longest, length) * (len(current) + 1) > MICROBATCH_TOKENS:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, length)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class LocalBackend(TrainingBackend):
+    name = "local"
+
+    def __init__(self, config: TrainerConfig, resume_from: Checkpoint | None = None) -> None:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(config.seed)
+        self._config = config
+        self._device = resolve_device(config.device)
+        base_model = resolve_base_model(config)
+        self.model_name = base_model
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_name or base_model)
+        dtype = torch.bfloat16 if self._device.type == "cuda" else torch.float32
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self._device)
+        lora = LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=2 * config.lora_rank,
+            target_modules=linear_module_names(base),
+            lora_dropout=0.0,
+            bias="none",
+        )
+        self.model = get_peft_model(base, lora)
+        self.model.eval()  # no dropout anywhere: training and sampling see the same function
+        self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self._optimizer = torch.optim.AdamW(
+            self._trainable,
+            lr=config.learning_rate,
+            betas=(ADAM_BETA1, ADAM_BETA2),
+            eps=ADAM_EPS,
+            weight_decay=0.0,
+        )
+        self._lock = FairLock()
+        self._max_context = int(getattr(base.config, "max_position_embeddings", 4096))
+        self._eos_ids = self._stop_token_ids(base)
+        self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
+        if resume_from is not None:
+            self._load_checkpoint(Path(resume_from.path))
+
+    def _stop_token_ids(self, model: nn.Module) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return {i for i in ids if i is not None}
+
+    # --- training -------------------------------------------------------------------------------
+
+    def _target_logprobs(
+        self, data: Sequence[TrainingDatum], indices: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logprobs [B, T], mask [B, T]) of the targets of the datums at `indices`."""
+        pad_id = self.tokenizer.pad_token_id or 0
+        inputs = _pad([data[i].input_tokens for i in indices], pad_id, torch.long, self._device)
+        targets = _pad([data[i].target_tokens for i in indices], pad_id, torch.long, self._device)
+        mask = _pad([[1.0] * len(data[i].target_tokens) for i in indices], 0.0, torch.float32, self._device)
+        logits = self.model(input_ids=inputs, attention_mask=mask.long()).logits.float()
+        logprobs = -nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        return logprobs, mask
+
+    def compute_logprobs(self, data: Sequence[TrainingDatum]) -> list[list[float]]:
+        result: list[list[float]] = [[] for _ in data]
+        with self._lock, torch.no_grad():
+            for indices in _microbatches(data):
+                logprobs, _ = self._target_logprobs(data, indices)
+                for row, index in enumerate(indices):
+                    result[index] = logprobs[row, : len(data[index].target_tokens)].tolist()
+        return result
+
+    def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
+        result: list[list[float]] = [[] for _ in data]
+        loss_sum = 0.0
+        with self._lock:
+            for indices in _microbatches(data):
+                logprobs, mask = self._target_logprobs(data, indices)
+                sampler = _pad(
+                    [data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device
+                )
+                advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
+                ratio = torch.exp(logprobs - sampler)
+                loss = -(ratio * advantages * mask).sum()
+                loss.backward()
+                loss_sum += float(loss.detach())
+                detached = logprobs.detach()
+                for row, index in enumerate(indices):
+                    result[index] = detached[row, : len(data[index].target_tokens)].tolist()
+        return ForwardBackwardResult(loss_sum=loss_sum, logprobs=result)
+
+    def optim_step(self, learning_rate: float) -> None:
+        with self._lock:
+            for group in self._optimizer.param_groups:
+                group["lr"] = learning_rate
+            self._optimizer.step()
+            self._optimizer.zero_grad(set_to_none=True)
+
+    def publish_weights(self, step: int) -> PublishedWeights:
+        # The inference server samples from this very model, so publishing is a version bump under the lock.
+        with self._lock:
+            self.published = PublishedWeights(version=step, reference=None)
+        return self.published
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, step: int) -> Checkpoint:
+        directory = self._config.checkpoints_dir / f"step_{step}"
+        staging = directory.with_name(f".{directory.name}.tmp")
+        staging.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            # The base lm_head never changes; only the adapters (LoRA on lm_head included) need saving.
+            self.model.save_pretrained(staging, save_embedding_layers=False)
+            torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
+        (staging / "trainer_checkpoint.json").write_text(
+            json.dumps({"step": step, "base_model": self.model_name})
+        )
+        if directory.exists():
+            import shutil
+
+            shutil.rmtree(directory)
+        staging.rename(directory)
+        return Checkpoint(step=step, path=str(directory), weights=str(directory))
+
+    def _load_checkpoint(self, directory: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(self.model, load_file(directory / ADAPTER_FILE, device=str(self._device)))
+        optimizer_state = torch.load(directory / OPTIMIZER_FILE, map_location=self._device, weights_only=True)
+        self._optimizer.load_state_dict(optimizer_state)
+        log.info("resumed local backend from %s", directory)
+
+    # --- sampling -------------------------------------------------------------------------------
+
+    def sample(self, request: SamplingRequest) -> list[Completion]:
+        if not request.prompt_tokens:
+            raise ValueError("the prompt is empty")
+        room = self._max_context - len(request.prompt_tokens)
+        if room <= 0:
+            raise ValueError(
+                f"the prompt has {len(request.prompt_tokens)} tokens; the context is {self._max_context}"
+            )
+        with self._lock, torch.inference_mode():
+            return _generate(
+                self.model,
+                self.tokenizer,
+                request,
+                max_new_tokens=min(request.max_new_tokens, room),
+                stop_ids=self._eos_ids | set(request.stop_token_ids),
+                generator=self._generator_for(request),
+                device=self._device,
+            )
+
+    def _generator_for(self, request: SamplingRequest) -> torch.Generator:
+        if request.seed is None:
+            return self._sample_generator
+        return torch.Generator(device="cpu").manual_seed(request.seed)
+
+
+def _choose_tokens(
+    logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator
+) -> torch.Tensor:
+    if request.temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / request.temperature, dim=-1)
+    if request.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > request.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+def _generate(
+    model: nn.Module,
+    tokenizer,
+    request: SamplingRequest,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    generator: torch.Generator,
+    device: torch.device,
+) -> list[Completion]:
+    """Sample `request.n` continuations of one prompt together, with a KV cache."""
+    n = request.n
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[float]] = [[] for _ in range(n)]
+    top: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    matched: list[str | int | None] = [None] * n
+    output = model(input_ids=torch.tensor([request.prompt_tokens] * n, device=device), use_cache=True)
+    for _ in range(max_new_tokens):
+        step_logits = output.logits[:, -1, :].float()
+        step_logprobs = torch.log_softmax(step_logits, dim=-1)
+        chosen = _choose_tokens(step_logits, request, generator)
+        if request.top_logprobs > 0:
+            top_values, top_ids = step_logprobs.topk(
+                min(request.top_logprobs, step_logprobs.shape[-1]), dim=-1
+            )
+        for row in range(n):
+            if finish[row] is not None:
+                continue
+            token = int(chosen[row])
+            tokens[row].append(token)
+            logprobs[row].append(float(step_logprobs[row, token]))
+            if request.top_logprobs > 0:
+                top[row].append(list(zip(top_ids[row].tolist(), top_values[row].tolist(), strict=True)))
+            if token in stop_ids:
+                finish[row], matched[row] = "stop", token
+            elif request.stop:
+                text = tokenizer.decode(tokens[row], skip_special_tokens=True)
+                hit = next((s for s in request.stop if s and s in text), None)
+                if hit is not None:
+                    finish[row], matched[row] = "stop", hit
+        if all(reason is not None for reason in finish):
+            break
+        output = model(input_ids=chosen[:, None], cache=output.cache, use_cache=True)
+    return [
+        Completion(
+            tokens=tokens[row],
+            logprobs=logprobs[row],
+            finish_reason=finish[row] or "length",
+            top_logprobs=top[row] if request.top_logprobs > 0 else None,
+            matched_stop=matched[row],
+        )
+        for row in range(n)
+    ]

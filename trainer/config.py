@@ -1,0 +1,141 @@
+"""The trainer's view of the merged run YAML: the `tinker` section plus `env.rollout_server_url`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.defaults import LOCAL_DEFAULTS
+
+BACKENDS = ("local", "tinker")
+
+# SPEC §4 operator defaults, used by the tinker backend for keys the YAML leaves out.
+TINKER_DEFAULTS: dict[str, Any] = {
+    "base_model": "Qwen/Qwen3-8B",
+    "learning_rate": 4e-5,
+    "total_steps": 2500,
+    "lora_rank": 32,
+    "batch_size": 128,
+    "group_size": 16,
+    "max_token_trainer_length": 9000,
+    "save_checkpoint_interval": 25,
+}
+
+
+class ConfigError(ValueError):
+    """The run YAML is missing something the trainer needs, or has a value of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    backend: str
+    base_model: str | None
+    tokenizer_name: str | None
+    lora_rank: int
+    learning_rate: float
+    total_steps: int
+    batch_size: int
+    group_size: int
+    max_token_trainer_length: int
+    save_checkpoint_interval: int
+    inference_host: str
+    inference_port: int
+    run_dir: Path
+    data_dir: Path
+    rollout_server_url: str
+    wandb_project: str
+    wandb_run_name: str
+    wandb_group: str
+    seed: int
+    device: str
+    waiting_report_interval_s: float
+    batch_poll_interval_s: float
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def _typed(
+    section: dict[str, Any], key: str, kind: type, default: Any = ..., *, where: str = "tinker"
+) -> Any:
+    value = section.get(key, default)
+    if value is ...:
+        raise ConfigError(f"missing required key {where}.{key}")
+    if value is None:
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}.{key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"tinker.{name} must be positive, got {value}")
+
+
+def parse_config(document: dict[str, Any]) -> TrainerConfig:
+    """Build the trainer config from the merged YAML document, with backend defaults for absent keys."""
+    tinker = document.get("tinker")
+    if not isinstance(tinker, dict):
+        raise ConfigError("the run YAML has no `tinker` section")
+    env = document.get("env") or {}
+    backend = _typed(tinker, "backend", str, "local")
+    if backend not in BACKENDS:
+        raise ConfigError(f"tinker.backend must be one of {BACKENDS}, got {backend!r}")
+    defaults = LOCAL_DEFAULTS if backend == "local" else TINKER_DEFAULTS
+    rollout_server_url = _typed(tinker, "rollout_server_url", str, None) or _typed(
+        env, "rollout_server_url", str, where="env"
+    )
+    run_dir = Path(_typed(tinker, "run_dir", str)).resolve()
+    data_dir = _typed(tinker, "data_dir", str, None) or os.environ.get("RLCTL_DATA_DIR") or "var"
+    wandb_run_name = _typed(tinker, "wandb_run_name", str, None) or env.get("wandb_name") or run_dir.name
+    config = TrainerConfig(
+        backend=backend,
+        base_model=_typed(tinker, "base_model", str, defaults["base_model"]),
+        tokenizer_name=_typed(env, "tokenizer_name", str, None, where="env"),
+        lora_rank=_typed(tinker, "lora_rank", int, defaults["lora_rank"]),
+        learning_rate=_typed(tinker, "learning_rate", float, defaults["learning_rate"]),
+        total_steps=_typed(tinker, "total_steps", int, defaults["total_steps"]),
+        batch_size=_typed(tinker, "batch_size", int, defaults["batch_size"]),
+        group_size=_typed(tinker, "group_size", int, defaults["group_size"]),
+        max_token_trainer_length=_typed(
+            tinker, "max_token_trainer_length", int, defaults["max_token_trainer_length"]
+        ),
+        save_checkpoint_interval=_typed(
+            tinker, "save_checkpoint_interval", int, defaults["save_checkpoint_interval"]
+        ),
+        inference_host=_typed(tinker, "inference_host", str, "127.0.0.1"),
+        inference_port=_typed(tinker, "inference_port", int),
+        run_dir=run_dir,
+        data_dir=Path(data_dir).resolve(),
+        rollout_server_url=rollout_server_url.rstrip("/"),
+        wandb_project=_typed(tinker, "wandb_project", str, "atropos-tinker"),
+        wandb_run_name=str(wandb_run_name),
+        wandb_group=_typed(tinker, "wandb_group", str, None) or str(wandb_run_name),
+        seed=_typed(tinker, "seed", int, 0),
+        device=_typed(tinker, "device", str, "auto"),
+        waiting_report_interval_s=_typed(tinker, "waiting_report_interval_s", float, 10.0),
+        batch_poll_interval_s=_typed(tinker, "batch_poll_interval_s", float, 0.2),
+    )
+    for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
+        _positive(name, getattr(config, name))
+    for name in ("max_token_trainer_length", "save_checkpoint_interval", "waiting_report_interval_s"):
+        _positive(name, getattr(config, name))
+    return config
+
+
+def load_config(path: Path) -> TrainerConfig:
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read run YAML {path}: {error}") from error
+    if not isinstance(document, dict):
+        raise ConfigError(f"run YAML {path} is not a mapping")
+    return parse_config(document)

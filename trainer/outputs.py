@@ -1,0 +1,162 @@
+"""What the trainer leaves in the run directory for the control plane: metrics.jsonl and trainer_state.json,
+plus an optional mirror of the metrics to Weights & Biases (docs/ARCHITECTURE.md has the contracts)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.backends.base import Checkpoint
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+STATE_FILE = "trainer_state.json"
+
+
+class MetricsWriter:
+    """Appends whole JSON lines and flushes each one, so a reader never sees a torn line except the last."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / METRICS_FILE
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        self._append({"step": step, "time": time.time(), "metrics": metrics})
+
+    def waiting_for_rollouts(self, step: int, waited_s: float) -> None:
+        self._append(
+            {
+                "event": "waiting_for_rollouts",
+                "time": time.time(),
+                "waited_s": round(waited_s, 3),
+                "step": step,
+            }
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    total_steps: int = 0
+    status: str = "running"  # running | completed | stopped | failed
+    backend: str = ""
+    base_model: str | None = None
+    wandb_run_name: str | None = None
+    wandb_url: str | None = None
+    wandb_run_id: str | None = None
+    weights: str | None = None
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    waiting_for_rollouts_s: float | None = None
+    error: str | None = None
+    updated_at: float = 0.0
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        if not self.checkpoints:
+            return None
+        record = max(self.checkpoints, key=lambda entry: entry["step"])
+        return Checkpoint(
+            step=record["step"], path=record["path"], weights=record.get("weights", record["path"])
+        )
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.checkpoints = [entry for entry in self.checkpoints if entry["step"] != checkpoint.step]
+        self.checkpoints.append(checkpoint.as_record())
+        self.weights = checkpoint.weights
+
+
+class TrainerStateStore:
+    """trainer_state.json, rewritten atomically (temp file + rename)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / STATE_FILE
+
+    def load(self) -> TrainerState:
+        if not self.path.exists():
+            return TrainerState()
+        data = json.loads(self.path.read_text())
+        known = {name for name in TrainerState.__dataclass_fields__}
+        return TrainerState(**{key: value for key, value in data.items() if key in known})
+
+    def save(self, state: TrainerState) -> None:
+        state.updated_at = time.time()
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        temporary.write_text(json.dumps(asdict(state), indent=2))
+        os.replace(temporary, self.path)
+
+
+def wandb_configured() -> bool:
+    return bool(os.environ.get("WANDB_API_KEY")) or os.environ.get("WANDB_MODE") == "offline"
+
+
+class WandbMirror:
+    """Logs each step's metrics to W&B when it is configured; a W&B failure never stops training."""
+
+    def __init__(self, run: Any | None) -> None:
+        self._run = run
+
+    @classmethod
+    def start(
+        cls, project: str, name: str, group: str, run_dir: Path, config: dict[str, Any], resume_id: str | None
+    ) -> WandbMirror:
+        if not wandb_configured():
+            return cls(None)
+        try:
+            import wandb
+
+            run = wandb.init(
+                project=project,
+                name=name,
+                group=group,
+                dir=str(run_dir),
+                config=config,
+                id=resume_id,
+                resume="allow" if resume_id else None,
+            )
+            return cls(run)
+        except Exception as error:  # W&B is a mirror; metrics.jsonl stays the record
+            log.warning("W&B is configured but could not start (%s); continuing without it", error)
+            return cls(None)
+
+    @property
+    def run_name(self) -> str | None:
+        return self._run.name if self._run is not None else None
+
+    @property
+    def run_url(self) -> str | None:
+        return getattr(self._run, "url", None) if self._run is not None else None
+
+    @property
+    def run_id(self) -> str | None:
+        return self._run.id if self._run is not None else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.log(metrics, step=step)
+        except Exception as error:
+            log.warning("W&B log failed at step %d: %s", step, error)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.finish(exit_code=exit_code)
+        except Exception as error:
+            log.warning("W&B finish failed: %s", error)
