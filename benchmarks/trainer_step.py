@@ -89,9 +89,7 @@ def echo_groups(backend: LocalBackend, rng: random.Random, groups: int, group_si
             {
                 "tokens": [prompt + c.tokens for c in completions],
                 "masks": [[-100] * len(prompt) + c.tokens for c in completions],
-                "scores": [
-                    sum(tokenizer.decode([t]).isdigit() for t in c.tokens) / new_tokens for c in completions
-                ],
+                "scores": [sum(tokenizer.decode([t]).isdigit() for t in c.tokens) / new_tokens for c in completions],
                 "inference_logprobs": [[1.0] * len(prompt) + c.logprobs for c in completions],
             }
         )
@@ -99,9 +97,7 @@ def echo_groups(backend: LocalBackend, rng: random.Random, groups: int, group_si
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--groups", type=int, default=4)

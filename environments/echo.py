@@ -37,9 +37,7 @@ class EchoConfig(BaseEnvConfig):
     reply_tokens: int = Field(8, ge=1, le=256, description="Most tokens a reply may have; the score window.")
     digit_weight: float = Field(0.75, ge=0.0, le=1.0, description="Weight of the digit share in the score.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
-    eval_items: int = Field(
-        8, ge=0, description="Prompts per evaluation, sampled greedily (0: no evaluation)."
-    )
+    eval_items: int = Field(8, ge=0, description="Prompts per evaluation, sampled greedily (0: no evaluation).")
     seed: int = Field(0, description="Seed of the prompt stream.")
 
 

@@ -13,6 +13,9 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.defaults import LOCAL_DEFAULTS
+from trainer.tiny_model import default_tiny_model_dir
+
 Backend = Literal["tinker", "local"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -89,16 +92,16 @@ class Settings(BaseSettings):
 
     # --- locked run fields of the local backend (tiny model on CPU: learns `echo` in minutes) ---
     local_base_model: str | None = Field(None, description="Model dir or cached id; default: the tiny model.")
-    local_max_token_length: int = 64
-    local_total_steps: int = 40
+    local_max_token_length: int = LOCAL_DEFAULTS["max_token_length"]
+    local_total_steps: int = LOCAL_DEFAULTS["total_steps"]
     local_steps_per_eval: int = 1000
-    local_lora_rank: int = 8
-    local_learning_rate: float = 1e-2
-    local_max_token_trainer_length: int = 128
-    local_save_checkpoint_interval: int = 20
+    local_lora_rank: int = LOCAL_DEFAULTS["lora_rank"]
+    local_learning_rate: float = LOCAL_DEFAULTS["learning_rate"]
+    local_max_token_trainer_length: int = LOCAL_DEFAULTS["max_token_trainer_length"]
+    local_save_checkpoint_interval: int = LOCAL_DEFAULTS["save_checkpoint_interval"]
     # Sizes of a local run whose environment sets none in config_init() (Atropos class defaults otherwise).
-    local_batch_size: int = 32
-    local_group_size: int = 8
+    local_batch_size: int = LOCAL_DEFAULTS["batch_size"]
+    local_group_size: int = LOCAL_DEFAULTS["group_size"]
 
     @cached_property
     def data_path(self) -> Path:
@@ -115,7 +118,7 @@ class Settings(BaseSettings):
 
     @property
     def tiny_model_dir(self) -> Path:
-        return self.data_path / "models" / "tiny-qwen3"
+        return default_tiny_model_dir(self.data_path)
 
     @property
     def effective_default_backend(self) -> Backend:

@@ -67,6 +67,7 @@ class RunPlan:
     poll_interval_s: float = 1.0
     stall_after_s: float | None = None
     drain_timeout_s: float = 600.0
+    prepare: Callable[[], None] | None = None  # work before the first spawn (e.g. build a local model)
 
 
 class RunSupervisor:
@@ -141,6 +142,8 @@ class RunSupervisor:
         self.events.finished(outcome)
 
     def _start_all(self) -> None:
+        if self.plan.prepare is not None:
+            self.plan.prepare()
         for spec in self.plan.specs:
             if self._stop.is_set():
                 raise StartupCancelled()

@@ -60,9 +60,7 @@ class TrainerConfig:
         return self.run_dir / "checkpoints"
 
 
-def _typed(
-    section: dict[str, Any], key: str, kind: type, default: Any = ..., *, where: str = "tinker"
-) -> Any:
+def _typed(section: dict[str, Any], key: str, kind: type, default: Any = ..., *, where: str = "tinker") -> Any:
     value = section.get(key, default)
     if value is ...:
         raise ConfigError(f"missing required key {where}.{key}")
@@ -105,12 +103,8 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         total_steps=_typed(tinker, "total_steps", int, defaults["total_steps"]),
         batch_size=_typed(tinker, "batch_size", int, defaults["batch_size"]),
         group_size=_typed(tinker, "group_size", int, defaults["group_size"]),
-        max_token_trainer_length=_typed(
-            tinker, "max_token_trainer_length", int, defaults["max_token_trainer_length"]
-        ),
-        save_checkpoint_interval=_typed(
-            tinker, "save_checkpoint_interval", int, defaults["save_checkpoint_interval"]
-        ),
+        max_token_trainer_length=_typed(tinker, "max_token_trainer_length", int, defaults["max_token_trainer_length"]),
+        save_checkpoint_interval=_typed(tinker, "save_checkpoint_interval", int, defaults["save_checkpoint_interval"]),
         inference_host=_typed(tinker, "inference_host", str, "127.0.0.1"),
         inference_port=_typed(tinker, "inference_port", int),
         run_dir=run_dir,

@@ -107,9 +107,7 @@ class ChatCompletionRequest(BaseModel):
 
 
 def _openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "code": None}}
-    )
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": None}})
 
 
 class InferenceService:
@@ -160,9 +158,7 @@ class InferenceService:
         results = [self._generate_result(prompt, completion, body) for completion in completions]
         return results[0] if params.n == 1 else results
 
-    def _generate_result(
-        self, prompt: list[int], completion: Completion, body: GenerateRequest
-    ) -> dict[str, Any]:
+    def _generate_result(self, prompt: list[int], completion: Completion, body: GenerateRequest) -> dict[str, Any]:
         if completion.finish_reason == "length":
             finish: dict[str, Any] = {"type": "length", "length": len(completion.tokens)}
         else:
@@ -176,13 +172,11 @@ class InferenceService:
         }
         if body.return_logprob:
             meta["output_token_logprobs"] = [
-                [logprob, token, None]
-                for logprob, token in zip(completion.logprobs, completion.tokens, strict=True)
+                [logprob, token, None] for logprob, token in zip(completion.logprobs, completion.tokens, strict=True)
             ]
             if completion.top_logprobs is not None:
                 meta["output_top_logprobs"] = [
-                    [[value, token, None] for token, value in position]
-                    for position in completion.top_logprobs
+                    [[value, token, None] for token, value in position] for position in completion.top_logprobs
                 ]
         return {"text": self.completion_text(completion), "output_ids": completion.tokens, "meta_info": meta}
 
@@ -235,10 +229,7 @@ class InferenceService:
             position += len(text)
         top = None
         if completion.top_logprobs is not None:
-            top = [
-                {self.token_text(token): value for token, value in position}
-                for position in completion.top_logprobs
-            ]
+            top = [{self.token_text(token): value for token, value in position} for position in completion.top_logprobs]
         return {
             "tokens": texts,
             "token_logprobs": completion.logprobs,
@@ -368,9 +359,7 @@ class InferenceServer:
     """uvicorn serving the app on a background thread of the trainer process."""
 
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-        )
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="inference-server", daemon=True)
         self.address = f"http://{host}:{port}"
@@ -382,9 +371,7 @@ class InferenceServer:
             if not self._thread.is_alive():
                 raise RuntimeError(f"the inference server could not start on {self.address} (port in use?)")
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the inference server did not start on {self.address} within {timeout_s} s"
-                )
+                raise RuntimeError(f"the inference server did not start on {self.address} within {timeout_s} s")
             time.sleep(0.02)
         log.info("inference server listening on %s", self.address)
 

@@ -168,9 +168,7 @@ class Trainer:
 
     def _start_wandb(self) -> None:
         config = self.config
-        run_config = {
-            key: str(value) if isinstance(value, Path) else value for key, value in config.__dict__.items()
-        }
+        run_config = {key: str(value) if isinstance(value, Path) else value for key, value in config.__dict__.items()}
         self.wandb = WandbMirror.start(
             config.wandb_project,
             config.wandb_run_name,
@@ -196,9 +194,7 @@ class Trainer:
             num_steps=config.total_steps,
         )
         self.atropos.register(registration)
-        log.info(
-            "registered with the Atropos API at %s from step %d", config.rollout_server_url, self.state.step
-        )
+        log.info("registered with the Atropos API at %s from step %d", config.rollout_server_url, self.state.step)
 
     # --- training -------------------------------------------------------------------------------
 
@@ -250,9 +246,7 @@ class Trainer:
             except httpx.HTTPError as error:
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > API_UNREACHABLE_TIMEOUT_S:
-                    raise RuntimeError(
-                        f"the Atropos API has been unreachable for too long: {error}"
-                    ) from error
+                    raise RuntimeError(f"the Atropos API has been unreachable for too long: {error}") from error
                 groups = None
                 if isinstance(error, httpx.HTTPStatusError) and error.response.status_code >= 500:
                     # After /reset_data the API answers 500 until the trainer registers again.

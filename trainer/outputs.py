@@ -69,9 +69,7 @@ class TrainerState:
         if not self.checkpoints:
             return None
         record = max(self.checkpoints, key=lambda entry: entry["step"])
-        return Checkpoint(
-            step=record["step"], path=record["path"], weights=record.get("weights", record["path"])
-        )
+        return Checkpoint(step=record["step"], path=record["path"], weights=record.get("weights", record["path"]))
 
     def add_checkpoint(self, checkpoint: Checkpoint) -> None:
         self.checkpoints = [entry for entry in self.checkpoints if entry["step"] != checkpoint.step]

@@ -24,6 +24,7 @@ from service.runs.launch import Ports, process_specs
 from service.runs.paths import RunPaths
 from supervisor.process import ExitStatus, Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
 from supervisor.run import START_ORDER, TRAINER, Outcome, RunPlan, RunSupervisor
+from trainer.tiny_model import init_tiny_model
 
 logger = logging.getLogger("rlctl.runs")
 
@@ -75,7 +76,9 @@ class RunManager:
         except Exception as exc:  # noqa: BLE001 - a run that cannot be planned fails with the reason
             self._fail_before_start(run_id, f"{type(exc).__name__}: {exc}")
             return
-        supervisor = RunSupervisor(self._plan(run_id, paths, specs), _PersistingEvents(self, run_id, paths))
+        plan = self._plan(run_id, paths, specs)
+        plan.prepare = self._preparation(backend)
+        supervisor = RunSupervisor(plan, _PersistingEvents(self, run_id, paths))
         with self._lock:
             self._supervisors[run_id] = supervisor
         supervisor.start()
@@ -220,6 +223,13 @@ class RunManager:
             stall_after_s=settings.stall_after_s,
             drain_timeout_s=settings.drain_timeout_s,
         )
+
+    def _preparation(self, backend: str) -> Callable[[], None] | None:
+        """The local backend's default model is built on first use, before the trainer and env load it."""
+        settings = self.ctx.settings
+        if backend != "local" or settings.local_base_model:
+            return None
+        return lambda: init_tiny_model(settings.tiny_model_dir)
 
     def scrub(self, text: str) -> str:
         return self.ctx.scrub(text)

@@ -30,6 +30,7 @@ class LiveService:
     settings: Settings
 
     def client(self, token: str | None = None, **kwargs: object) -> httpx.Client:
+        token = token or (self.settings.api_token.get_secret_value() if self.settings.api_token else None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=120, **kwargs)
 

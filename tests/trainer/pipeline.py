@@ -95,9 +95,7 @@ class Process:
         try:
             return self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired as error:
-            raise AssertionError(
-                f"{self.name} still running after {timeout_s} s:\n{self.log_tail()}"
-            ) from error
+            raise AssertionError(f"{self.name} still running after {timeout_s} s:\n{self.log_tail()}") from error
 
     def signal_group(self, signum: int) -> None:
         with suppress(ProcessLookupError):
@@ -147,9 +145,7 @@ def wait_http(url: str, process: Process, timeout_s: float) -> None:
     wait_for(answers, timeout_s, f"{url} to answer")
 
 
-def start_api(
-    start: Callable[..., Process], run_dir: Path, port: int, environment: dict[str, str]
-) -> Process:
+def start_api(start: Callable[..., Process], run_dir: Path, port: int, environment: dict[str, str]) -> Process:
     api = start(
         "run-api",
         [str(VENV_BIN / "run-api"), "--host", "127.0.0.1", "--port", str(port)],

@@ -19,9 +19,7 @@ from trainer.inference_server import InferenceServer, create_app
 
 
 @pytest.fixture(scope="module")
-def served(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, LocalBackend]]:
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalBackend]]:
     port = free_port()
     config = parse_config(
         {

@@ -62,9 +62,7 @@ def test_sampler_logprobs_equal_the_trainers(backend: LocalBackend) -> None:
     assert len(completions) == 4 and all(1 <= len(c.tokens) <= 6 for c in completions)
     recomputed = backend.compute_logprobs(data)
     for completion, datum, row in zip(completions, data, recomputed, strict=True):
-        completion_part = [
-            value for value, trained in zip(row, datum.completion_mask, strict=True) if trained
-        ]
+        completion_part = [value for value, trained in zip(row, datum.completion_mask, strict=True) if trained]
         assert completion_part == pytest.approx(completion.logprobs, abs=1e-4)
 
 
@@ -75,25 +73,16 @@ def test_finish_reason_is_real(backend: LocalBackend) -> None:
     assert all(c.finish_reason == "stop" and len(c.tokens) == 1 for c in stopped)
     greedy = backend.sample(SamplingRequest(prompt, n=1, max_new_tokens=3, temperature=0.0))[0]
     eos_ids = {backend.tokenizer.eos_token_id}
-    assert (greedy.finish_reason == "length") == (
-        len(greedy.tokens) == 3 and greedy.tokens[-1] not in eos_ids
-    )
+    assert (greedy.finish_reason == "length") == (len(greedy.tokens) == 3 and greedy.tokens[-1] not in eos_ids)
 
 
 def completion_mean(rows, datums) -> float:
-    values = [
-        v
-        for row, d in zip(rows, datums, strict=True)
-        for v, t in zip(row, d.completion_mask, strict=True)
-        if t
-    ]
+    values = [v for row, d in zip(rows, datums, strict=True) for v, t in zip(row, d.completion_mask, strict=True) if t]
     return sum(values) / len(values)
 
 
 @pytest.mark.parametrize("advantage", [0.75, -0.75])
-def test_loss_is_importance_sampling_and_adam_follows_the_advantages(
-    backend: LocalBackend, advantage: float
-) -> None:
+def test_loss_is_importance_sampling_and_adam_follows_the_advantages(backend: LocalBackend, advantage: float) -> None:
     _, data = datums_for(backend, prompt_tokens(backend), advantage=advantage)
     result = backend.forward_backward(data)
     # On-policy the ratio is 1, so the loss is minus the sum of the advantages over completion tokens.

@@ -104,9 +104,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         },
     )
     # A loopback key: the SDK insists on the tml- prefix; the server only records it.
-    environment = child_environment(
-        tmp_path / "var", TINKER_BASE_URL=tinker_url, TINKER_API_KEY="tml-loopback"
-    )
+    environment = child_environment(tmp_path / "var", TINKER_BASE_URL=tinker_url, TINKER_API_KEY="tml-loopback")
     api_url = f"http://127.0.0.1:{api_port}"
     rng = random.Random(0)
     batches = [[scored_group(rng) for _ in range(BATCH_SIZE // GROUP_SIZE)] for _ in range(4)]
@@ -139,10 +137,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
             json={"input_ids": prompt, "sampling_params": params},
         ).json()
         assert len(results) == 3
-        assert all(
-            len(r["meta_info"]["output_token_logprobs"]) == r["meta_info"]["completion_tokens"]
-            for r in results
-        )
+        assert all(len(r["meta_info"]["output_token_logprobs"]) == r["meta_info"]["completion_tokens"] for r in results)
         [sampled] = service.calls("asample")
         published = [c for c in service.calls("save_weights_for_sampler") if not c.get("path")]
         assert len(published) == 3  # at start-up, then after steps 1 and 2
@@ -180,9 +175,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
 
     forward_backward = service.calls("forward_backward")
     assert len(forward_backward) == 4
-    assert all(
-        message.loss_fn == "importance_sampling" and not message.forward_only for message in forward_backward
-    )
+    assert all(message.loss_fn == "importance_sampling" and not message.forward_only for message in forward_backward)
     # One forward/backward per batch (Atropos may hand out batches formed together in any order).
     sent = sorted((frozenset(sent_datums(message)) for message in forward_backward), key=sorted)
     expected = sorted((frozenset(expected_datums(batch)) for batch in batches), key=sorted)

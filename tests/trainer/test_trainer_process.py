@@ -65,9 +65,7 @@ def steps_done(run_dir: Path) -> list[int]:
     return [record["step"] for record in step_metrics(run_dir)]
 
 
-def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
     api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / "run"
     config = write_run_yaml(
@@ -140,9 +138,7 @@ def test_bad_configuration_exits_with_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("key", [None, ""])
-def test_tinker_backend_without_api_key_fails_clearly(
-    tiny_model_dir: Path, tmp_path: Path, key: str | None
-) -> None:
+def test_tinker_backend_without_api_key_fails_clearly(tiny_model_dir: Path, tmp_path: Path, key: str | None) -> None:
     run_dir = tmp_path / "run"
     config = write_run_yaml(
         run_dir,

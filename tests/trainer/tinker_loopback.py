@@ -159,9 +159,7 @@ def _forward_backward_output(log_probs: list[np.ndarray], loss: float) -> bytes:
         dtype=pb.DTYPE_FLOAT32,
     )
     output = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", metrics={"loss:sum": loss})
-    output.loss_fn_outputs.add(
-        type_tag="ArrayRecord", fields={"logprobs": batched}, num_datums=len(log_probs)
-    )
+    output.loss_fn_outputs.add(type_tag="ArrayRecord", fields={"logprobs": batched}, num_datums=len(log_probs))
     return output.SerializeToString()
 
 
@@ -231,9 +229,7 @@ def create_app(service: LoopbackTinker) -> FastAPI:
     async def optim_step(request: Request) -> dict[str, Any]:
         body = await json_body(request, "optim_step")
         params = body["adam_params"]  # the wire name of AdamParams
-        service.models[body["model_id"]].adam(
-            params["learning_rate"], params["beta1"], params["beta2"], params["eps"]
-        )
+        service.models[body["model_id"]].adam(params["learning_rate"], params["beta1"], params["beta2"], params["eps"])
         return service.future({"metrics": {}}, body["model_id"])
 
     @app.post("/api/v1/save_weights_for_sampler")

@@ -52,18 +52,12 @@ def resolve_base_model(config: TrainerConfig) -> str:
 
 def linear_module_names(model: nn.Module) -> list[str]:
     """Every linear layer kind: attention, MLP and the unembedding, as Tinker's LoRA trains by default."""
-    return sorted(
-        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    )
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
 
 
-def _pad(
-    rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
+def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     width = max(len(row) for row in rows)
-    return torch.tensor(
-        [list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype, device=device
-    )
+    return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype, device=device)
 
 
 def _microbatches(data: Sequence[TrainingDatum]) -> list[list[int]]:
@@ -130,9 +124,7 @@ class LocalBackend(TrainingBackend):
 
     # --- training -------------------------------------------------------------------------------
 
-    def _target_logprobs(
-        self, data: Sequence[TrainingDatum], indices: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _target_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logprobs [B, T], mask [B, T]) of the targets of the datums at `indices`."""
         pad_id = self.tokenizer.pad_token_id or 0
         inputs = _pad([data[i].input_tokens for i in indices], pad_id, torch.long, self._device)
@@ -157,9 +149,7 @@ class LocalBackend(TrainingBackend):
         with self._lock:
             for indices in _microbatches(data):
                 logprobs, mask = self._target_logprobs(data, indices)
-                sampler = _pad(
-                    [data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device
-                )
+                sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
                 ratio = torch.exp(logprobs - sampler)
                 loss = -(ratio * advantages * mask).sum()
@@ -193,9 +183,7 @@ class LocalBackend(TrainingBackend):
             # The base lm_head never changes; only the adapters (LoRA on lm_head included) need saving.
             self.model.save_pretrained(staging, save_embedding_layers=False)
             torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
-        (staging / "trainer_checkpoint.json").write_text(
-            json.dumps({"step": step, "base_model": self.model_name})
-        )
+        (staging / "trainer_checkpoint.json").write_text(json.dumps({"step": step, "base_model": self.model_name}))
         if directory.exists():
             import shutil
 
@@ -219,9 +207,7 @@ class LocalBackend(TrainingBackend):
             raise ValueError("the prompt is empty")
         room = self._max_context - len(request.prompt_tokens)
         if room <= 0:
-            raise ValueError(
-                f"the prompt has {len(request.prompt_tokens)} tokens; the context is {self._max_context}"
-            )
+            raise ValueError(f"the prompt has {len(request.prompt_tokens)} tokens; the context is {self._max_context}")
         with self._lock, torch.inference_mode():
             return _generate(
                 self.model,
@@ -239,9 +225,7 @@ class LocalBackend(TrainingBackend):
         return torch.Generator(device="cpu").manual_seed(request.seed)
 
 
-def _choose_tokens(
-    logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator
-) -> torch.Tensor:
+def _choose_tokens(logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator) -> torch.Tensor:
     if request.temperature <= 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits / request.temperature, dim=-1)
@@ -275,9 +259,7 @@ def _generate(
         step_logprobs = torch.log_softmax(step_logits, dim=-1)
         chosen = _choose_tokens(step_logits, request, generator)
         if request.top_logprobs > 0:
-            top_values, top_ids = step_logprobs.topk(
-                min(request.top_logprobs, step_logprobs.shape[-1]), dim=-1
-            )
+            top_values, top_ids = step_logprobs.topk(min(request.top_logprobs, step_logprobs.shape[-1]), dim=-1)
         for row in range(n):
             if finish[row] is not None:
                 continue

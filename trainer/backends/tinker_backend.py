@@ -66,9 +66,7 @@ class TinkerBackend(TrainingBackend):
         self._training = future.result(timeout=RESULT_TIMEOUT_S)
         self._sampler_lock = threading.Lock()
         self._sampler = None
-        log.info(
-            "tinker training client ready for %s (model id %s)", config.base_model, self._training.model_id
-        )
+        log.info("tinker training client ready for %s (model id %s)", config.base_model, self._training.model_id)
 
     def _datum(self, datum: TrainingDatum, with_advantages: bool):
         types = self._tinker.types
@@ -78,9 +76,7 @@ class TinkerBackend(TrainingBackend):
             inputs["advantages"] = list(datum.advantages)
         else:
             inputs["weights"] = [1.0] * len(datum.target_tokens)
-        return types.Datum(
-            model_input=types.ModelInput.from_ints(list(datum.input_tokens)), loss_fn_inputs=inputs
-        )
+        return types.Datum(model_input=types.ModelInput.from_ints(list(datum.input_tokens)), loss_fn_inputs=inputs)
 
     @staticmethod
     def _logprobs(output) -> list[list[float]]:
@@ -93,9 +89,7 @@ class TinkerBackend(TrainingBackend):
 
     def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
         datums = [self._datum(datum, with_advantages=True) for datum in data]
-        output = self._training.forward_backward(datums, "importance_sampling").result(
-            timeout=RESULT_TIMEOUT_S
-        )
+        output = self._training.forward_backward(datums, "importance_sampling").result(timeout=RESULT_TIMEOUT_S)
         logprobs = self._logprobs(output)
         loss_sum = output.metrics.get("loss:sum")
         if loss_sum is None:  # compute it as the service defines it
@@ -103,18 +97,14 @@ class TinkerBackend(TrainingBackend):
         return ForwardBackwardResult(loss_sum=float(loss_sum), logprobs=logprobs)
 
     def optim_step(self, learning_rate: float) -> None:
-        params = self._tinker.AdamParams(
-            learning_rate=learning_rate, beta1=ADAM_BETA1, beta2=ADAM_BETA2, eps=ADAM_EPS
-        )
+        params = self._tinker.AdamParams(learning_rate=learning_rate, beta1=ADAM_BETA1, beta2=ADAM_BETA2, eps=ADAM_EPS)
         self._training.optim_step(params).result(timeout=RESULT_TIMEOUT_S)
 
     def publish_weights(self, step: int) -> PublishedWeights:
         sampler = self._training.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)
         with self._sampler_lock:
             self._sampler = sampler
-            self.published = PublishedWeights(
-                version=step, reference=getattr(sampler, "_sampling_session_id", None)
-            )
+            self.published = PublishedWeights(version=step, reference=getattr(sampler, "_sampling_session_id", None))
         return self.published
 
     def save_checkpoint(self, step: int) -> Checkpoint:
@@ -173,7 +163,5 @@ def _importance_sampling_loss(data: Sequence[TrainingDatum], logprobs: Sequence[
     return -sum(
         math.exp(current - sampled) * advantage
         for datum, row in zip(data, logprobs, strict=True)
-        for current, sampled, advantage in zip(
-            row, datum.sampler_logprobs or [], datum.advantages, strict=True
-        )
+        for current, sampled, advantage in zip(row, datum.sampler_logprobs or [], datum.advantages, strict=True)
     )

@@ -1,0 +1,165 @@
+"""Offline runs end to end through HTTP only: real run-api, trainer (local backend, tiny model), echo env."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.runs.conftest import wait_for_status
+from tests.support.live import LiveService, live_service
+from tests.support.waiting import wait_until
+
+
+def start(client: httpx.Client, **body: object) -> dict:
+    response = client.post("/runs", json={"environment": "echo", "backend": "local", **body})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def processes_of(client: httpx.Client, run_id: str) -> dict[str, dict]:
+    return {p["role"]: p for p in client.get(f"/runs/{run_id}").json()["processes"]}
+
+
+def test_an_offline_run_completes_on_its_own(run_service: LiveService) -> None:
+    with run_service.client() as client:
+        created = start(client, config={"group_size": 8, "batch_size": 32})
+        assert created["status"] in ("pending", "starting")
+        run_id = created["id"]
+        assert Path(created["config_path"]).exists()
+        wait_for_status(client, run_id, {"running", "completed"}, timeout=240)
+        # metrics grow while it runs
+        first = wait_until(
+            lambda: client.get(f"/runs/{run_id}/metrics", params={"name": "reward/mean"}).json()["metrics"],
+            timeout=240,
+            message="first metrics",
+        )
+        final = wait_for_status(client, run_id, {"completed"}, timeout=300)
+        series = client.get(f"/runs/{run_id}/metrics").json()["metrics"]
+        assert len(series["reward/mean"]) == 6 > len(first["reward/mean"]) - 1
+        assert {"train/loss", "advantages/mean", "logprobs/mean"} <= set(series)
+        assert final["last_step"] == 6
+        assert {p["role"]: p["status"] for p in final["processes"]} == dict.fromkeys(
+            ("api", "trainer", "env"), "exited"
+        )
+        results = client.get(f"/runs/{run_id}/results").json()
+        assert results["status"] == "completed"
+        assert results["weights"] and Path(results["weights"]).exists()
+        assert [c["step"] for c in results["checkpoints"]][-1] == 6
+        assert results["final_metrics"]["reward/mean"] == series["reward/mean"][-1][1]
+        for role in ("api", "trainer", "env"):
+            assert client.get(f"/runs/{run_id}/logs/{role}", params={"tail": 5}).status_code == 200
+        stopped_again = client.post(f"/runs/{run_id}/stop")
+        assert stopped_again.status_code == 409 and stopped_again.json()["error"]["code"] == "INVALID_STATE"
+
+
+def test_two_runs_live_side_by_side_and_one_is_stopped(run_settings) -> None:  # type: ignore[no-untyped-def]
+    with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
+        first, second = start(client), start(client)
+        assert first["ports"] != second["ports"]
+        wait_for_status(client, first["id"], {"running"}, timeout=240)
+        wait_for_status(client, second["id"], {"running"}, timeout=240)
+        started = time.monotonic()
+        stopped = client.post(f"/runs/{first['id']}/stop", params={"wait_s": 120}).json()
+        assert stopped["status"] == "stopped"
+        assert time.monotonic() - started < 60
+        assert client.get(f"/runs/{second['id']}").json()["status"] == "running"
+        pids = [p["pid"] for p in stopped["processes"]]
+        assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie" for pid in pids)
+        listed = client.get("/runs", params={"status": "running"}).json()
+        assert [r["id"] for r in listed["runs"]] == [second["id"]]
+        assert client.post(f"/runs/{second['id']}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
+
+
+def test_stop_during_start_up_cancels_it(run_service: LiveService) -> None:
+    with run_service.client() as client:
+        run_id = start(client)["id"]
+        stopped = client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}).json()
+        assert stopped["status"] == "stopped"
+        assert stopped["started_at"] is None  # it never reached running
+        assert len(stopped["processes"]) < 3 or any(p["status"] == "exited" for p in stopped["processes"])
+
+
+def test_a_killed_trainer_fails_the_run_and_its_siblings_go(run_settings) -> None:  # type: ignore[no-untyped-def]
+    with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
+        run_id = start(client)["id"]
+        wait_for_status(client, run_id, {"running"}, timeout=240)
+        processes = processes_of(client, run_id)
+        os.kill(processes["trainer"]["pid"], signal.SIGKILL)
+        failed = wait_for_status_any(client, run_id, {"failed"}, timeout=60)
+        failure = failed["failure"]
+        assert failure["process"] == "trainer" and failure["signal"] == signal.SIGKILL
+        assert failure["kind"] == "process_exited" and failure["log_tail"]
+        for role in ("api", "env"):
+            assert not _alive(processes[role]["pid"])
+
+
+def test_no_secret_reaches_a_response_log_yaml_or_row(run_settings, process_database_url: str) -> None:  # type: ignore[no-untyped-def]
+    planted = {
+        "tinker_api_key": "tml-PLANTEDtinkerSECRET0123456789",
+        "openrouter_api_key": "sk-or-PLANTEDopenrouterSECRET0123",
+        "api_token": "PLANTEDapiTOKEN0123456789",
+    }
+    settings = run_settings(**planted)
+    with (
+        live_service(settings) as live,
+        live.client() as client,
+    ):
+        run_id = start(client)["id"]
+        wait_for_status(client, run_id, {"completed"}, timeout=300)
+        bodies = [
+            client.get(path).text
+            for path in (
+                f"/runs/{run_id}",
+                f"/runs/{run_id}/status",
+                f"/runs/{run_id}/results",
+                f"/runs/{run_id}/metrics",
+                "/runs",
+                "/environments/echo",
+                *(f"/runs/{run_id}/logs/{role}?tail=100000" for role in ("api", "trainer", "env")),
+            )
+        ]
+        files = [
+            p.read_text(errors="replace")
+            for p in settings.data_path.rglob("*")
+            if p.is_file() and p.suffix in (".log", ".yaml", ".jsonl", ".json")
+        ]
+    rows = _dump_database(process_database_url)
+    for secret in planted.values():
+        for text in [*bodies, *files, rows]:
+            assert secret not in text
+
+
+def wait_for_status_any(client: httpx.Client, run_id: str, statuses: set[str], timeout: float) -> dict:
+    return wait_until(
+        lambda: (run := client.get(f"/runs/{run_id}").json())["status"] in statuses and run,
+        timeout=timeout,
+        message=f"run {run_id} reaching {statuses}",
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _dump_database(url: str) -> str:
+    from sqlalchemy import MetaData, select
+
+    from service.db.engine import Database
+
+    db = Database(url)
+    metadata = MetaData()
+    metadata.reflect(db.engine)
+    chunks = []
+    with db.engine.connect() as connection:
+        for table in metadata.sorted_tables:
+            chunks.extend(repr(tuple(row)) for row in connection.execute(select(table)))
+    db.dispose()
+    return "\n".join(chunks)
