@@ -242,7 +242,8 @@ def add_openai_message(builder: TurnBuilder, message: Any, path: str) -> None:
 
 
 def tool_names(declarations: Any) -> tuple[str, ...] | None:
-    """Names from a list of tool declarations (OpenAI chat or Responses style), or None without a list."""
+    """Names from a list of tool declarations (OpenAI chat or Responses style), or None without any."""
     if not isinstance(declarations, Sequence) or isinstance(declarations, str):
         return None
-    return tuple(name for item in declarations if (name := declared_tool_name(item)))
+    names = tuple(name for item in declarations if (name := declared_tool_name(item)))
+    return names or None  # an empty list usually means the harness did not record its tools
