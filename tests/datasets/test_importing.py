@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from service.datasets.importing import FORMATS, ImportedRecord, detect_format, import_item, import_lines
 from service.datasets.reading import ItemError, RawItem
 from service.datasets.records import TrajectoryRecord
-from tests.datasets.conftest import EXPECTED_FILES, import_file
+from tests.datasets.realdata import EXPECTED_FILES, import_file
 
 
 def only_record(outcomes: list) -> TrajectoryRecord:
