@@ -16,7 +16,18 @@ from service.datasets.grpo import GroupIssue, GrpoExportStats, GrpoGroup, group_
 from service.datasets.importing import FORMAT_NAMES, ImportedRecord, detect_format, import_item, import_lines
 from service.datasets.reading import ItemError, RawItem, read_items
 from service.datasets.records import ToolCall, TrajectoryRecord, Turn, record_from_dict, record_to_dict
-from service.datasets.rewards import RewardResult, WeightedReward, build_rewards, score_record, scored
+from service.datasets.rewards import (
+    CorrectnessReward,
+    EnvironmentScorer,
+    FormatReward,
+    RewardFunction,
+    RewardResult,
+    SourceReward,
+    WeightedReward,
+    build_rewards,
+    score_record,
+    scored,
+)
 from service.datasets.stats import DatasetStats, RecordStats, compute_record_stats
 from service.datasets.summarizers import (
     ExtractiveSummarizer,
@@ -33,6 +44,11 @@ __all__ = [
     "CompressionMetrics",
     "CompressionResult",
     "CompressionStats",
+    "CorrectnessReward",
+    "EnvironmentScorer",
+    "FormatReward",
+    "RewardFunction",
+    "SourceReward",
     "DatasetStats",
     "ExtractiveSummarizer",
     "FilterCriteria",

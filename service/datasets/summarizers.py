@@ -71,6 +71,7 @@ class OpenAICompatibleSummarizer:
         max_retries: int = 3,
         backoff_s: float = 1.0,
         timeout_s: float = 120.0,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.name = f"openai-compatible:{model}"
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
@@ -79,6 +80,7 @@ class OpenAICompatibleSummarizer:
         self._max_retries = max_retries
         self._backoff_s = backoff_s
         self._timeout_s = timeout_s
+        self._max_output_tokens = max_output_tokens
 
     def summarize(self, turns: Sequence[Turn], target_tokens: int) -> str:
         deadline = time.monotonic() + self._timeout_s
@@ -110,7 +112,8 @@ class OpenAICompatibleSummarizer:
             model=self._model,
             messages=messages,  # type: ignore[arg-type]
             temperature=self._temperature,
-            max_tokens=target_tokens * 2,
+            # Headroom: reasoning models spend part of it thinking; the compressor trims the summary anyway.
+            max_tokens=self._max_output_tokens or target_tokens * 4,
             timeout=timeout,
         )
         content = response.choices[0].message.content if response.choices else None

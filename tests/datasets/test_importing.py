@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from service.datasets.importing import FORMATS, ImportedRecord, detect_format, import_item, import_lines
 from service.datasets.reading import ItemError, RawItem
 from service.datasets.records import TrajectoryRecord
+from service.datasets.rewards import CorrectnessReward
 from tests.datasets.realdata import EXPECTED_FILES, import_file
 
 
@@ -131,6 +132,24 @@ def test_hermes_sharegpt_declares_tools_from_its_system_prompt(real_records) -> 
     record = real_records["hermes-agent-fork-lucifexia-trajectory-samples.jsonl"][0]
     assert record.completed is True and record.metadata["model"] == "nvidia/nemotron-3-ultra-550b-a55b"
     assert record.declared_tools and len(record.declared_tools) > 5
+
+
+def test_other_keys_of_an_openai_line_become_metadata_used_by_correctness() -> None:
+    line = {
+        "messages": [
+            {
+                "role": "user",
+                "content": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+            },
+            {"role": "assistant", "content": "48 + 24 = 72", "reasoning_content": "May: 48 / 2 = 24."},
+        ],
+        "answer": "72",
+        "task_id": "gsm8k-0",
+    }
+    record = only_record(list(import_lines([json.dumps(line)])))
+    assert record.metadata == {"answer": "72", "task_id": "gsm8k-0"}
+    assert record.turns[-1].value == "<think>\nMay: 48 / 2 = 24.\n</think>\n48 + 24 = 72"
+    assert CorrectnessReward()(record) == 2.0
 
 
 def test_detection_is_unambiguous_or_refuses() -> None:

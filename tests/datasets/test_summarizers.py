@@ -103,7 +103,7 @@ def test_the_model_is_asked_with_the_default_model_and_temperature(chat_server, 
     assert text == "The agent listed files and fixed the parser."
     [request] = chat_server.requests
     assert request["model"] == DEFAULT_SUMMARY_MODEL == "google/gemini-3-flash-preview"
-    assert request["temperature"] == 0.3
+    assert request["temperature"] == 0.3 and request["max_tokens"] == 800
     assert "200 tokens" in request["messages"][0]["content"]
     assert "[gpt]" in request["messages"][1]["content"] and "[tool]" in request["messages"][1]["content"]
 
