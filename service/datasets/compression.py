@@ -182,13 +182,13 @@ def compress_record(
     start, end = span
     try:
         summary = summarizer.summarize(record.turns[start:end], config.summary_target_tokens)
-    except Exception as error:  # noqa: BLE001 - whatever the summariser's failure, the record must survive it
+    except Exception as error:  # whatever the summariser's failure, the record must survive it
         return _failed(record, unchanged, f"{type(error).__name__}: {error}")
     summary_value = fit_to_token_budget(
         SUMMARY_PREFIX + summary.strip(), counter, config.summary_target_tokens
     )
     if len(summary_value) <= len(SUMMARY_PREFIX):
-        return _failed(record, unchanged, "the summary came back empty")
+        return _failed(record, unchanged, "the summary is empty or summary_target_tokens cannot hold it")
     summary_tokens = counter.count(summary_value)
     compressed_tokens = total - sum(counts[start:end]) + summary_tokens
     if compressed_tokens >= total:

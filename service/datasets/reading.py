@@ -15,6 +15,7 @@ from typing import Any, Literal
 from service.datasets.convert import EMPTY_RECORD, INVALID_JSON, INVALID_RECORD
 
 Container = Literal["auto", "jsonl", "json"]
+TOO_DEEP = "invalid JSON: nested too deeply"
 
 # Keys that mark a dict as a whole record (so an array of them is a list of records, not of messages).
 _RECORD_KEYS = frozenset(
@@ -54,8 +55,9 @@ def read_items(lines: Iterable[str], container: Container = "auto") -> Iterator[
         head, stream = _peek_first_content_line(stream)
         container = _guess_container(head)
     if container == "jsonl":
-        return read_jsonl(stream)
-    return read_json_document(stream)
+        yield from read_jsonl(stream)
+    else:
+        yield from read_json_document(stream)
 
 
 def read_jsonl(lines: Iterable[str]) -> Iterator[RawItem | ItemError]:
@@ -65,8 +67,11 @@ def read_jsonl(lines: Iterable[str]) -> Iterator[RawItem | ItemError]:
             continue
         try:
             value = json.loads(text)
-        except ValueError as error:
-            yield ItemError(number, INVALID_JSON, f"invalid JSON: {error}")
+        except json.JSONDecodeError as error:
+            yield ItemError(number, INVALID_JSON, f"invalid JSON: {error.msg} at column {error.colno}")
+            continue
+        except RecursionError:
+            yield ItemError(number, INVALID_JSON, TOO_DEEP)
             continue
         yield from _items_of_value(value, number)
 
@@ -295,9 +300,13 @@ class _ArraySplitter:
     def _parse(self, text: str, line: int, index: int) -> _Piece | ItemError:
         try:
             return _Piece(line, json.loads(text), index)
-        except ValueError as error:
-            error_line = line + getattr(error, "lineno", 1) - 1
-            return ItemError(error_line, INVALID_JSON, f"invalid JSON: {error}")
+        except json.JSONDecodeError as error:
+            error_line = line + error.lineno - 1
+            # Column numbers inside an element are only meaningful on the element's own lines.
+            column = f" at column {error.colno}" if error.lineno > 1 else ""
+            return ItemError(error_line, INVALID_JSON, f"invalid JSON: {error.msg}{column}")
+        except RecursionError:
+            return ItemError(line, INVALID_JSON, TOO_DEEP)
 
     def _fail(self, message: str) -> None:
         self._errors.append(ItemError(self.line, INVALID_JSON, message))

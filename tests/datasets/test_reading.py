@@ -137,3 +137,11 @@ def test_escaped_quotes_and_brackets_inside_strings_do_not_confuse_the_splitter(
     text = json.dumps(items)
     for size in range(1, 8):
         assert [i.value for i in read_json_document(chunked(text, [size] * len(text)))] == items
+
+
+def test_absurdly_deep_nesting_is_an_error_not_a_crash() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    [jsonl_error] = list(read_jsonl([deep]))
+    assert jsonl_error.code == "INVALID_JSON" and "deep" in jsonl_error.message
+    errors = list(read_json_document(["[", '{"a": ' + deep + "}", "]"]))
+    assert [e.code for e in errors] == ["INVALID_JSON"]
