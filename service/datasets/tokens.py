@@ -37,7 +37,8 @@ class HuggingFaceTokenCounter:
     def count(self, text: str) -> int:
         if not text:
             return 0
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        # verbose=False: trajectories exceed the model's context by design; no warning per long text.
+        return len(self._tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 class ApproximateTokenCounter:
