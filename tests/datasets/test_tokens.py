@@ -1,0 +1,94 @@
+"""Token counters: a real Hugging Face tokenizer from a local directory, and the stated fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from service.datasets.tokens import (
+    ApproximateTokenCounter,
+    HuggingFaceTokenCounter,
+    TokenCounter,
+    default_token_counter,
+    fit_to_token_budget,
+    record_token_count,
+)
+
+
+def test_hugging_face_counter_counts_what_the_tokenizer_encodes(
+    tokenizer_dir: Path, all_real_records
+) -> None:
+    counter = HuggingFaceTokenCounter(tokenizer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    _, record = all_real_records[0]
+    for turn in record.turns[:3]:
+        assert counter.count(turn.value) == len(tokenizer.encode(turn.value, add_special_tokens=False)) > 0
+    assert counter.count("") == 0
+    assert isinstance(counter, TokenCounter) and counter.name.startswith("hf:")
+
+
+def test_texts_longer_than_the_models_context_are_counted_in_full(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.model_max_length = 64
+    tokenizer.save_pretrained(tmp_path)
+    text = "The agent ran the test suite again. " * 100
+    assert (
+        HuggingFaceTokenCounter(tmp_path).count(text)
+        == len(tokenizer.encode(text, add_special_tokens=False))
+        > 64
+    )
+
+
+def test_a_missing_tokenizer_directory_is_an_error_not_a_download(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        HuggingFaceTokenCounter(tmp_path / "absent")
+    assert isinstance(default_token_counter(tmp_path / "absent"), ApproximateTokenCounter)
+    assert isinstance(default_token_counter(None), ApproximateTokenCounter)
+
+
+def test_default_counter_uses_a_local_tokenizer_when_there_is_one(tokenizer_dir: Path) -> None:
+    assert isinstance(default_token_counter(tokenizer_dir), HuggingFaceTokenCounter)
+
+
+def test_fallback_counts_words_digits_symbols_and_line_breaks() -> None:
+    counter = ApproximateTokenCounter()
+    assert counter.count("") == 0
+    assert counter.count("hello world") == 2
+    assert counter.count("internationalization") == 4  # 20 letters, one token per started 5
+    assert counter.count("12345") == 2 and counter.count("x = 1;\n\n") == 5
+    assert counter.count("xin chào") == 3  # "xin" (Latin run), "ch" (Latin run), "ào" (other letters)
+    assert counter.name == "approx-regex-v1"
+
+
+def test_fallback_is_a_reasonable_estimate_on_real_trajectories(all_real_records, hf_counter) -> None:
+    fallback = ApproximateTokenCounter()
+    approx = sum(record_token_count(record, fallback) for _, record in all_real_records)
+    characters = sum(len(turn.value) for _, record in all_real_records for turn in record.turns)
+    real = sum(record_token_count(record, hf_counter) for _, record in all_real_records[:50])
+    assert 2.0 < characters / approx < 5.0  # the usual "about 4 characters per token", give or take
+    assert real > 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(max_size=400), st.integers(1, 60))
+def test_fit_to_token_budget_never_exceeds_the_budget(text: str, budget: int) -> None:
+    counter = ApproximateTokenCounter()
+    fitted = fit_to_token_budget(text, counter, budget)
+    assert counter.count(fitted) <= budget
+    if counter.count(text) <= budget:
+        assert fitted == text
+    else:
+        assert fitted.endswith("…") or fitted == ""
+
+
+def test_fit_to_token_budget_with_a_real_tokenizer_keeps_a_prefix(hf_counter) -> None:
+    text = "The agent listed the files, opened the parser and fixed the tuple match. " * 40
+    fitted = fit_to_token_budget(text, hf_counter, 50)
+    assert hf_counter.count(fitted) <= 50 and text.startswith(fitted.removesuffix(" …"))
+    assert hf_counter.count(fitted) >= 40  # it uses most of the budget
