@@ -176,17 +176,13 @@ def compress_record(
         return CompressionResult(record, replace(unchanged, skipped_reason=UNDER_BUDGET))
     span = plan_span(record.turns, counts, config)
     if span is None:
-        return CompressionResult(
-            record, replace(unchanged, still_over_limit=True, skipped_reason=NOTHING_TO_COMPRESS)
-        )
+        return CompressionResult(record, replace(unchanged, still_over_limit=True, skipped_reason=NOTHING_TO_COMPRESS))
     start, end = span
     try:
         summary = summarizer.summarize(record.turns[start:end], config.summary_target_tokens)
     except Exception as error:  # whatever the summariser's failure, the record must survive it
         return _failed(record, unchanged, f"{type(error).__name__}: {error}")
-    summary_value = fit_to_token_budget(
-        SUMMARY_PREFIX + summary.strip(), counter, config.summary_target_tokens
-    )
+    summary_value = fit_to_token_budget(SUMMARY_PREFIX + summary.strip(), counter, config.summary_target_tokens)
     if len(summary_value) <= len(SUMMARY_PREFIX):
         return _failed(record, unchanged, "the summary is empty or summary_target_tokens cannot hold it")
     summary_tokens = counter.count(summary_value)

@@ -97,18 +97,10 @@ class TurnBuilder:
         call = self._take_pending(call_id)
         if call is None:
             described = f"tool result for call {call_id!r}" if call_id else "tool result"
-            raise ConversionError(
-                TOOL_RESULT_WITHOUT_CALL, f"{described} has no earlier unanswered tool call", path
-            )
+            raise ConversionError(TOOL_RESULT_WITHOUT_CALL, f"{described} has no earlier unanswered tool call", path)
         tool_name = name or call.name
-        value = (
-            verbatim_value
-            if verbatim_value is not None
-            else render_tool_response(call.id, tool_name, content)
-        )
-        self.turns.append(
-            Turn(role="tool", value=value, tool_call_id=call.id, name=tool_name, success=success)
-        )
+        value = verbatim_value if verbatim_value is not None else render_tool_response(call.id, tool_name, content)
+        self.turns.append(Turn(role="tool", value=value, tool_call_id=call.id, name=tool_name, success=success))
 
     def build(self) -> tuple[Turn, ...]:
         if not self.turns:
@@ -206,9 +198,7 @@ def openai_tool_calls(message: Mapping[str, Any], path: str) -> list[tuple[str |
     return calls
 
 
-def convert_openai_messages(
-    messages: Any, builder: TurnBuilder | None = None, path: str = "messages"
-) -> TurnBuilder:
+def convert_openai_messages(messages: Any, builder: TurnBuilder | None = None, path: str = "messages") -> TurnBuilder:
     """Feeds an OpenAI chat message list to a builder (a new one unless given) and returns the builder."""
     builder = builder or TurnBuilder()
     if not isinstance(messages, list):

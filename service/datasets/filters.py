@@ -53,9 +53,7 @@ class FilterCriteria:
         return self.min_tokens is not None or self.max_tokens is not None
 
 
-def drop_reasons(
-    record: TrajectoryRecord, criteria: FilterCriteria, counter: TokenCounter | None = None
-) -> list[str]:
+def drop_reasons(record: TrajectoryRecord, criteria: FilterCriteria, counter: TokenCounter | None = None) -> list[str]:
     """Why the record should be dropped under ``criteria``; an empty list keeps it."""
     reasons = []
     if criteria.drop_without_reasoning and lacks_reasoning(record):

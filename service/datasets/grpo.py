@@ -111,9 +111,7 @@ def grpo_groups(
         if previous is not None and key <= previous:
             raise UnsortedGroupsError(f"group key {key} came after {previous}; sort the records by group key")
         previous = key
-        yield from _group_or_issues(
-            key, records, metadata_key, normalize_by_std, min_group_size, drop_zero_variance
-        )
+        yield from _group_or_issues(key, records, metadata_key, normalize_by_std, min_group_size, drop_zero_variance)
 
 
 def _group_or_issues(
@@ -131,9 +129,7 @@ def _group_or_issues(
     if not scored:
         return
     if len(scored) < min_group_size:
-        yield GroupIssue(
-            key, TOO_SMALL, len(scored), f"a group needs at least {min_group_size} scored records"
-        )
+        yield GroupIssue(key, TOO_SMALL, len(scored), f"a group needs at least {min_group_size} scored records")
         return
     rewards = tuple(float(record.reward) for record in scored)  # type: ignore[arg-type]
     if drop_zero_variance and len(set(rewards)) == 1:

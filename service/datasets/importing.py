@@ -125,9 +125,7 @@ _SHAPES: tuple[tuple[str, Callable[[Any], bool]], ...] = (
     ("swe_agent", lambda v: isinstance(_first(v, "history"), Mapping) and "role" in _first(v, "history")),
     (
         "openhands",
-        lambda v: (
-            isinstance(_first(v, "history"), Mapping) and {"source", "action"} & _first(v, "history").keys()
-        ),
+        lambda v: isinstance(_first(v, "history"), Mapping) and {"source", "action"} & _first(v, "history").keys(),
     ),
     ("llamafactory", _has_typed_value_parts),
     ("openai", _is_openai),

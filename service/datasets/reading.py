@@ -18,9 +18,7 @@ Container = Literal["auto", "jsonl", "json"]
 TOO_DEEP = "invalid JSON: nested too deeply"
 
 # Keys that mark a dict as a whole record (so an array of them is a list of records, not of messages).
-_RECORD_KEYS = frozenset(
-    {"messages", "conversations", "traj", "history", "responses_create_params", "trajectory"}
-)
+_RECORD_KEYS = frozenset({"messages", "conversations", "traj", "history", "responses_create_params", "trajectory"})
 
 
 @dataclass(frozen=True, slots=True)

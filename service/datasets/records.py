@@ -51,9 +51,7 @@ class Turn:
 @dataclass(frozen=True, slots=True)
 class TrajectoryRecord:
     turns: tuple[Turn, ...]
-    metadata: dict[str, Any] = field(
-        default_factory=dict
-    )  # the input item's other keys (answer, task_id, ...)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the input item's other keys (answer, task_id, ...)
     source_format: str = "sharegpt"
     declared_tools: tuple[str, ...] | None = None  # tool names the source says were available
     completed: bool | None = None  # as stated by the source; None when it says nothing
@@ -101,8 +99,7 @@ def turn_from_dict(data: Any, where: str) -> Turn:
     if not isinstance(value, str):
         raise RecordFormatError(f"{where}: value must be a string")
     calls = tuple(
-        _tool_call_from_dict(c, f"{where}.tool_calls[{i}]")
-        for i, c in enumerate(data.get("tool_calls") or ())
+        _tool_call_from_dict(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(data.get("tool_calls") or ())
     )
     success = data.get("success")
     if success is not None and not isinstance(success, bool):
@@ -151,11 +148,7 @@ def record_from_dict(data: Any) -> TrajectoryRecord:
 
 
 def _tool_call_from_dict(data: Any, where: str) -> ToolCall:
-    if (
-        not isinstance(data, Mapping)
-        or not isinstance(data.get("id"), str)
-        or not isinstance(data.get("name"), str)
-    ):
+    if not isinstance(data, Mapping) or not isinstance(data.get("id"), str) or not isinstance(data.get("name"), str):
         raise RecordFormatError(f"{where}: a tool call needs string id and name")
     return ToolCall(id=data["id"], name=data["name"], arguments=data.get("arguments"))
 

@@ -94,18 +94,14 @@ class OpenAICompatibleSummarizer:
                 return self._ask(messages, target_tokens, remaining)
             except openai.APIStatusError as error:
                 if error.status_code in _NON_RETRYABLE_STATUS:
-                    raise SummarizationError(
-                        f"summary model refused the request: {error.status_code}"
-                    ) from error
+                    raise SummarizationError(f"summary model refused the request: {error.status_code}") from error
                 failure = f"HTTP {error.status_code}"
             except (openai.APIConnectionError, openai.APITimeoutError, SummarizationError) as error:
                 failure = str(error) or type(error).__name__
             pause = min(self._backoff_s * 2**attempt, deadline - time.monotonic())
             if attempt < self._max_retries and pause > 0:
                 time.sleep(pause)
-        raise SummarizationError(
-            f"no summary after {self._max_retries + 1} attempts or {self._timeout_s}s: {failure}"
-        )
+        raise SummarizationError(f"no summary after {self._max_retries + 1} attempts or {self._timeout_s}s: {failure}")
 
     def _ask(self, messages: list[dict[str, str]], target_tokens: int, timeout: float) -> str:
         response = self._client.chat.completions.create(
@@ -153,9 +149,7 @@ def _turn_line(turn: Turn) -> str:
     if turn.role == "gpt":
         said = _one_line(visible_text(turn.value))
         called = "; ".join(f"{call.name}({_one_line(str(call.arguments))[:80]})" for call in turn.tool_calls)
-        return "- assistant: " + " | ".join(
-            part for part in (said, f"called {called}" if called else "") if part
-        )
+        return "- assistant: " + " | ".join(part for part in (said, f"called {called}" if called else "") if part)
     speaker = "user" if turn.role == "human" else turn.role
     return f"- {speaker}: {_one_line(turn.value)}"
 

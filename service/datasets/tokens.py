@@ -51,9 +51,7 @@ class ApproximateTokenCounter:
     """
 
     name = "approx-regex-v1"
-    _PIECES = re.compile(
-        r"(?P<latin>[A-Za-z]+)|(?P<letters>[^\W\d_]+)|(?P<digits>\d{1,3})|(?P<breaks>\n+)|[^\s]"
-    )
+    _PIECES = re.compile(r"(?P<latin>[A-Za-z]+)|(?P<letters>[^\W\d_]+)|(?P<digits>\d{1,3})|(?P<breaks>\n+)|[^\s]")
 
     def count(self, text: str) -> int:
         total = 0

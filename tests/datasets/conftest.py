@@ -17,9 +17,7 @@ from tests.datasets.realdata import EXPECTED_FILES, import_file, shared_data_dir
 def trajectories_dir() -> Path:
     path = shared_data_dir() / "trajectories"
     if not path.is_dir():
-        pytest.fail(
-            f"real trajectory data not found at {path}; set RLCTL_SHARED_DATA to the shared data directory"
-        )
+        pytest.fail(f"real trajectory data not found at {path}; set RLCTL_SHARED_DATA to the shared data directory")
     return path
 
 

@@ -156,9 +156,7 @@ def agent_record(sizes: Sequence[tuple[str, int]]) -> TrajectoryRecord:
 
 def test_a_short_record_over_budget_is_still_compressed() -> None:
     # 10 turns: system, human, 4 call/result exchanges; the big result sits in the one unprotected exchange.
-    record = agent_record(
-        [("system", 50), ("human", 50), ("call", 50), ("call", 3000), ("call", 50), ("call", 50)]
-    )
+    record = agent_record([("system", 50), ("human", 50), ("call", 50), ("call", 3000), ("call", 50), ("call", 50)])
     assert len(record.turns) == 10
     result = compress(record, CompressionConfig(target_max_tokens=1000, summary_target_tokens=100))
     assert result.metrics.was_compressed and not result.metrics.still_over_limit
@@ -180,17 +178,13 @@ def test_a_short_record_whose_first_tool_turn_is_in_its_second_half_is_compresse
 
 def test_a_record_whose_bulk_is_protected_is_reported_not_silently_passed() -> None:
     record = agent_record([("system", 5000), ("human", 10), ("call", 10), ("text", 10)])
-    result = compress_record(
-        record, COUNTER, ExtractiveSummarizer(), CompressionConfig(target_max_tokens=1000)
-    )
+    result = compress_record(record, COUNTER, ExtractiveSummarizer(), CompressionConfig(target_max_tokens=1000))
     assert result.record is record
     assert result.metrics.skipped_reason == NOTHING_TO_COMPRESS and result.metrics.still_over_limit
 
 
 def test_a_summary_that_would_not_save_tokens_is_discarded() -> None:
-    record = agent_record(
-        [("system", 600), ("human", 10), ("call", 10), ("text", 30), ("call", 10), ("text", 10)]
-    )
+    record = agent_record([("system", 600), ("human", 10), ("call", 10), ("text", 30), ("call", 10), ("text", 10)])
     config = CompressionConfig(target_max_tokens=640, summary_target_tokens=400, protect_last_n_turns=2)
     result = compress_record(record, COUNTER, FixedSummarizer(words(1000)), config)
     assert result.record is record
@@ -250,11 +244,7 @@ def random_record(steps: list[tuple]) -> TrajectoryRecord:
     for index, item in enumerate(steps):
         kind, size = item[0], item[1]
         if kind in ("human", "text"):
-            (
-                builder.add_text("human", words(size))
-                if kind == "human"
-                else builder.add_assistant(words(size))
-            )
+            (builder.add_text("human", words(size)) if kind == "human" else builder.add_assistant(words(size)))
         elif kind == "call":
             builder.add_assistant(words(5), None, [(f"c{index}", "bash", {})])
             builder.add_tool_result(words(size), call_id=f"c{index}")
@@ -274,9 +264,7 @@ def random_record(steps: list[tuple]) -> TrajectoryRecord:
     st.integers(0, 6),
     st.booleans(),
 )
-def test_compression_invariants_hold_for_any_trajectory(
-    steps, target, summary_target, tail, protect_tool
-) -> None:
+def test_compression_invariants_hold_for_any_trajectory(steps, target, summary_target, tail, protect_tool) -> None:
     record = random_record(steps)
     config = CompressionConfig(
         target_max_tokens=target,

@@ -38,8 +38,7 @@ def test_roles_map_system_user_assistant_tool_to_system_human_gpt_tool() -> None
         ("gpt", 'Listing.\n<tool_call>\n{"name": "terminal", "arguments": {"cmd": "ls"}}\n</tool_call>'),
         (
             "tool",
-            '<tool_response>\n{"tool_call_id": "c1", "name": "terminal", "content": "a.txt"}'
-            "\n</tool_response>",
+            '<tool_response>\n{"tool_call_id": "c1", "name": "terminal", "content": "a.txt"}\n</tool_response>',
         ),
         ("gpt", "One file: a.txt."),
     ]
@@ -132,12 +131,8 @@ def test_plain_sharegpt_export_keeps_tool_call_ids_and_names(all_real_records) -
         [outcome] = list(import_lines([json.dumps(plain)], fmt="sharegpt"))
         assert isinstance(outcome, ImportedRecord), (name, outcome)
         back = outcome.record.turns
-        assert [(t.tool_call_id, t.name) for t in back] == [(t.tool_call_id, t.name) for t in record.turns], (
-            name
-        )
-        assert [[c.name for c in t.tool_calls] for t in back] == [
-            [c.name for c in t.tool_calls] for t in record.turns
-        ]
+        assert [(t.tool_call_id, t.name) for t in back] == [(t.tool_call_id, t.name) for t in record.turns], name
+        assert [[c.name for c in t.tool_calls] for t in back] == [[c.name for c in t.tool_calls] for t in record.turns]
 
 
 @settings(max_examples=100, deadline=None)

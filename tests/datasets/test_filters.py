@@ -18,9 +18,7 @@ from service.datasets.tokens import record_token_count
 
 def record_calling(*names: str, declared: tuple[str, ...] | None = None) -> TrajectoryRecord:
     calls = tuple(ToolCall(f"c{i}", name, {}) for i, name in enumerate(names))
-    return TrajectoryRecord(
-        turns=(Turn("human", "go"), Turn("gpt", "", tool_calls=calls)), declared_tools=declared
-    )
+    return TrajectoryRecord(turns=(Turn("human", "go"), Turn("gpt", "", tool_calls=calls)), declared_tools=declared)
 
 
 def test_hallucinated_tool_names_against_the_allowed_or_declared_list() -> None:
@@ -49,9 +47,7 @@ def test_reasoning_and_completion_predicates_on_real_data(real_records) -> None:
 
 
 def test_drop_reasons_and_report(real_records, approx_counter) -> None:
-    criteria = FilterCriteria(
-        drop_without_reasoning=True, drop_incomplete=True, max_tokens=20_000, min_tokens=100
-    )
+    criteria = FilterCriteria(drop_without_reasoning=True, drop_incomplete=True, max_tokens=20_000, min_tokens=100)
     report = FilterReport()
     for record in real_records["openhands-multi-swe-bench-output.jsonl"]:
         reasons = drop_reasons(record, criteria, approx_counter)

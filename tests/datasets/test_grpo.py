@@ -30,9 +30,7 @@ def sorted_pairs(records: list[TrajectoryRecord], metadata_key: str | None = Non
 
 
 def test_tau_bench_trials_form_one_group_per_task_with_advantages(real_records) -> None:
-    records = [
-        scored(r, [WeightedReward(SourceReward())]) for r in real_records["tau-bench-gpt-4o-airline.json"]
-    ]
+    records = [scored(r, [WeightedReward(SourceReward())]) for r in real_records["tau-bench-gpt-4o-airline.json"]]
     outcomes = list(grpo_groups(sorted_pairs(records, "task_id"), metadata_key="task_id"))
     groups = [o for o in outcomes if isinstance(o, GrpoGroup)]
     assert len(groups) == 50 and not [o for o in outcomes if isinstance(o, GroupIssue)]
@@ -52,9 +50,7 @@ def test_tau_bench_trials_form_one_group_per_task_with_advantages(real_records) 
 def test_grouping_by_first_human_turn_reports_groups_of_one(real_records) -> None:
     """The simulated user words each tau-bench trial differently, so prompts rarely repeat: those records are
     reported as too small, never silently kept."""
-    records = [
-        scored(r, [WeightedReward(SourceReward())]) for r in real_records["tau-bench-gpt-4o-airline.json"]
-    ]
+    records = [scored(r, [WeightedReward(SourceReward())]) for r in real_records["tau-bench-gpt-4o-airline.json"]]
     stats = GrpoExportStats()
     for outcome in grpo_groups(sorted_pairs(records)):
         stats.add(outcome)

@@ -201,9 +201,7 @@ def test_bad_input_gets_clear_per_line_errors_while_good_lines_import() -> None:
 
 def test_tool_result_without_call_is_caught_in_every_format() -> None:
     cases = {
-        "sharegpt": {
-            "conversations": [{"from": "human", "value": "x"}, {"from": "observation", "value": "42"}]
-        },
+        "sharegpt": {"conversations": [{"from": "human", "value": "x"}, {"from": "observation", "value": "42"}]},
         "responses": {
             "responses_create_params": {"input": "x"},
             "response": {"output": [{"type": "function_call_output", "call_id": "zz", "output": "1"}]},
@@ -292,9 +290,7 @@ ROLE_LIKE = [
 ]
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2, 2) | st.text(max_size=5) | st.sampled_from(ROLE_LIKE),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(ITEM_KEYS), inner, max_size=6)
-    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(ITEM_KEYS), inner, max_size=6),
     max_leaves=40,
 )
 

@@ -46,9 +46,7 @@ def test_real_file_through_the_whole_pipeline(trajectories_dir: Path, name: str)
 
     reread = [o.record for o in import_lines(stored) if isinstance(o, ImportedRecord)]
     assert [json.dumps(record_to_dict(r), ensure_ascii=False) for r in reread] == stored
-    assert all(
-        r.reward is not None and set(r.reward_breakdown or {}) == {"format", "source_reward"} for r in reread
-    )
+    assert all(r.reward is not None and set(r.reward_breakdown or {}) == {"format", "source_reward"} for r in reread)
 
     pairs = sorted(((group_key(r), r) for r in reread), key=lambda pair: pair[0] or "")
     export = GrpoExportStats()

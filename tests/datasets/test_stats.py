@@ -69,9 +69,7 @@ def build_record(*steps: tuple) -> TrajectoryRecord:
         if kind == "human":
             builder.add_text("human", step[1])
         elif kind == "gpt":
-            builder.add_assistant(
-                step[1], step[2] if len(step) > 2 else None, step[3] if len(step) > 3 else ()
-            )
+            builder.add_assistant(step[1], step[2] if len(step) > 2 else None, step[3] if len(step) > 3 else ())
         elif kind == "tool":
             builder.add_tool_result(step[2], call_id=step[1])
     return TrajectoryRecord(turns=builder.build())
@@ -127,9 +125,7 @@ def test_record_stats_count_calls_outcomes_reasoning_and_api_calls(approx_counte
     }
     assert stats.api_calls == 3 and stats.turns == 7 and stats.completed is True
     assert (
-        stats.tokens
-        == sum(approx_counter.count(t.value) for t in record.turns)
-        == sum(stats.tokens_by_role.values())
+        stats.tokens == sum(approx_counter.count(t.value) for t in record.turns) == sum(stats.tokens_by_role.values())
     )
     assert json.loads(json.dumps(stats.as_dict()))["tool_stats"]["bash"]["failure"] == 1
 
@@ -156,9 +152,7 @@ def test_real_tau_bench_results_are_all_counted(real_records, approx_counter) ->
         if turn.role == "tool"
         and (
             not json.loads(turn.value.split("\n", 1)[1].rsplit("\n", 1)[0])["content"].strip()
-            or json.loads(turn.value.split("\n", 1)[1].rsplit("\n", 1)[0])["content"]
-            .lower()
-            .startswith("error:")
+            or json.loads(turn.value.split("\n", 1)[1].rsplit("\n", 1)[0])["content"].lower().startswith("error:")
         )
     )
     assert calls["failure"] == raw_failures > 0
@@ -179,9 +173,7 @@ def test_dataset_stats_stream_and_merge_to_the_same_result(all_real_records, app
     assert summary["tokens"]["total"] == sum(tokens)
     assert summary["tokens"]["min"] == min(tokens) and summary["tokens"]["max"] == max(tokens)
     assert summary["tokens"]["p50"] == pytest.approx(statistics.median(tokens))
-    assert summary["tokens"]["p95"] == pytest.approx(
-        statistics.quantiles(tokens, n=20, method="inclusive")[-1]
-    )
+    assert summary["tokens"]["p95"] == pytest.approx(statistics.quantiles(tokens, n=20, method="inclusive")[-1])
     assert summary["reasoning_stats"]["records_with_reasoning"] == sum(
         s.reasoning_stats.has_any_reasoning for s in per_record
     )
@@ -220,6 +212,4 @@ def test_distribution_summary_stays_within_its_accuracy_once_bucketed(values, pe
     for index, value in enumerate(values):
         halves[index % 2].add(value)
     halves[0].merge(halves[1])
-    assert halves[0].count == len(values) and halves[0].percentile(percent) == pytest.approx(
-        estimate, rel=0.03
-    )
+    assert halves[0].count == len(values) and halves[0].percentile(percent) == pytest.approx(estimate, rel=0.03)

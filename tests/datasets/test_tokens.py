@@ -19,9 +19,7 @@ from service.datasets.tokens import (
 )
 
 
-def test_hugging_face_counter_counts_what_the_tokenizer_encodes(
-    tokenizer_dir: Path, all_real_records
-) -> None:
+def test_hugging_face_counter_counts_what_the_tokenizer_encodes(tokenizer_dir: Path, all_real_records) -> None:
     counter = HuggingFaceTokenCounter(tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     _, record = all_real_records[0]
@@ -31,18 +29,12 @@ def test_hugging_face_counter_counts_what_the_tokenizer_encodes(
     assert isinstance(counter, TokenCounter) and counter.name.startswith("hf:")
 
 
-def test_texts_longer_than_the_models_context_are_counted_in_full(
-    tokenizer_dir: Path, tmp_path: Path
-) -> None:
+def test_texts_longer_than_the_models_context_are_counted_in_full(tokenizer_dir: Path, tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.model_max_length = 64
     tokenizer.save_pretrained(tmp_path)
     text = "The agent ran the test suite again. " * 100
-    assert (
-        HuggingFaceTokenCounter(tmp_path).count(text)
-        == len(tokenizer.encode(text, add_special_tokens=False))
-        > 64
-    )
+    assert HuggingFaceTokenCounter(tmp_path).count(text) == len(tokenizer.encode(text, add_special_tokens=False)) > 64
 
 
 def test_a_missing_tokenizer_directory_is_an_error_not_a_download(tmp_path: Path) -> None:

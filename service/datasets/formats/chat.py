@@ -101,11 +101,7 @@ def _logged_response_message(item: Mapping[str, Any]) -> Mapping[str, Any] | Non
 def _tau_episode_ended(messages: list[Any]) -> bool:
     """The simulated user said the stop token, or the agent handed over to a human: the episode ended."""
     last = messages[-1] if messages else None
-    if (
-        isinstance(last, Mapping)
-        and last.get("role") == "user"
-        and TAU_STOP_TOKEN in str(last.get("content"))
-    ):
+    if isinstance(last, Mapping) and last.get("role") == "user" and TAU_STOP_TOKEN in str(last.get("content")):
         return True
     for message in messages:
         calls = message.get("tool_calls") if isinstance(message, Mapping) else None

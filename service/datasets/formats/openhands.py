@@ -79,9 +79,7 @@ def _add_tool_action(
         name = str(metadata.get("function_name") or event.get("action"))
         builder.add_assistant(thought, None, [(call_id, name, arguments)])
     else:
-        add_openai_message(
-            builder, {**message, "role": "assistant"}, f"{path}.tool_call_metadata.model_response"
-        )
+        add_openai_message(builder, {**message, "role": "assistant"}, f"{path}.tool_call_metadata.model_response")
     if isinstance(response_id, str):
         seen.add(response_id)
 

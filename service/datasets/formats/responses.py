@@ -123,9 +123,7 @@ def _reasoning_texts(entry: Mapping[str, Any]) -> list[str]:
     return texts  # encrypted-only reasoning has no text to keep
 
 
-def _metadata(
-    item: Mapping[str, Any], params: Mapping[str, Any], response: Mapping[str, Any]
-) -> dict[str, Any]:
+def _metadata(item: Mapping[str, Any], params: Mapping[str, Any], response: Mapping[str, Any]) -> dict[str, Any]:
     metadata = other_keys(item, ("responses_create_params", "response"))
     if params:
         metadata["responses_create_params"] = other_keys(params, ("input",))

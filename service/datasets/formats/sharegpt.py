@@ -57,9 +57,7 @@ def import_sharegpt(item: Any) -> TrajectoryRecord:
         turns=turns,
         metadata=other_keys(item, ("conversations", "completed")),
         source_format="sharegpt",
-        declared_tools=_declared_tools(
-            item.get("tools"), turns[0].value if turns[0].role == "system" else ""
-        ),
+        declared_tools=_declared_tools(item.get("tools"), turns[0].value if turns[0].role == "system" else ""),
         completed=optional_bool(item.get("completed")),
     )
 
@@ -114,9 +112,7 @@ def _add_sharegpt_turn(builder: TurnBuilder, turn: Any, path: str) -> None:
 def _add_sharegpt_tool_result(builder: TurnBuilder, turn: Mapping[str, Any], text: str, path: str) -> None:
     tagged = parse_tagged_tool_response(text)
     if tagged is None and "<tool_response>" not in text:
-        builder.add_tool_result(
-            text, optional_str(turn.get("tool_call_id")), optional_str(turn.get("name")), path=path
-        )
+        builder.add_tool_result(text, optional_str(turn.get("tool_call_id")), optional_str(turn.get("name")), path=path)
         return
     tagged = tagged or {}
     builder.add_tool_result(
