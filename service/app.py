@@ -12,6 +12,8 @@ from starlette.types import Scope
 
 from service.auth import require_token
 from service.context import AppContext, build_context
+from service.datasets import routes as dataset_routes
+from service.datasets.service import open_datasets
 from service.db import migrate
 from service.environments.routes import router as environments_router
 from service.health.routes import router as health_router
@@ -46,6 +48,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)
         await run_in_threadpool(context.runs.open)
+        await run_in_threadpool(open_datasets, context)  # before jobs resume: leftovers of a crash go first
         await run_in_threadpool(context.jobs.open)
         try:
             yield
@@ -71,13 +74,15 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(runs_router, dependencies=protected)
     app.include_router(run_logs_router, dependencies=protected)
     app.include_router(jobs_router, dependencies=protected)
+    app.include_router(dataset_routes.router, dependencies=protected)
+    app.include_router(dataset_routes.downloads_router, dependencies=protected)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     app.add_middleware(RequestIdMiddleware)
     return app
 
 
 def _body_limit(context: AppContext):  # type: ignore[no-untyped-def]
-    def limit_for(_scope: Scope) -> int:
-        return context.settings.max_body_bytes
+    def limit_for(scope: Scope) -> int:
+        return dataset_routes.body_limit(scope, context.settings) or context.settings.max_body_bytes
 
     return limit_for

@@ -30,6 +30,8 @@ SECRET_ENV_NAMES = frozenset(
         "RLCTL_WANDB_API_KEY",
         "OPENROUTER_API_KEY",
         "RLCTL_OPENROUTER_API_KEY",
+        "RLCTL_SUMMARY_API_KEY",
+        "RLCTL_COLLECTION_API_KEY",
     }
 )
 
@@ -73,6 +75,26 @@ class Settings(BaseSettings):
     wandb_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("WANDB_API_KEY", "RLCTL_WANDB_API_KEY"))
     openrouter_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("OPENROUTER_API_KEY", "RLCTL_OPENROUTER_API_KEY")
+    )
+
+    # --- trajectory datasets and collections ---
+    dataset_upload_max_bytes: int = Field(4 << 30, gt=0, description="Largest dataset upload (streamed to disk).")
+    collection_max_body_bytes: int = Field(16 << 20, gt=0, description="Largest POST /collections body (prompts).")
+    dataset_tokenizer: str | None = Field(
+        None, description="Default token counter by name; else the run tokenizer when cached locally, else approx."
+    )
+    tokenizer_dirs: str = Field("", description="Directories whose subdirectories are tokenizers, ':'-separated.")
+    summary_base_url: str | None = Field(
+        None, description="OpenAI-compatible summariser; OpenRouter when only OPENROUTER_API_KEY is set."
+    )
+    summary_model: str = Field("google/gemini-3-flash-preview", description="Summariser model.")
+    summary_api_key: SecretStr | None = Field(None, description="Summariser key; else OPENROUTER_API_KEY.")
+    summary_timeout_s: float = Field(120, gt=0, description="Time-out per record, retries included.")
+    summary_max_retries: int = Field(3, ge=0, le=10)
+    summary_concurrency: int = Field(4, ge=1, le=64, description="Records summarised at once.")
+    collection_api_key: SecretStr | None = Field(None, description="Key sent to collection chat endpoints.")
+    collection_key_hosts: str = Field(
+        "openrouter.ai", description="Hosts (':'-separated) that may receive the collection or OpenRouter key."
     )
 
     # --- locked run fields (SPEC §4), tinker backend ---
@@ -129,7 +151,14 @@ class Settings(BaseSettings):
     @property
     def secret_values(self) -> list[str]:
         """Every configured secret, so log and response scrubbers can look for them."""
-        secrets = [self.api_token, self.tinker_api_key, self.wandb_api_key, self.openrouter_api_key]
+        secrets = [
+            self.api_token,
+            self.tinker_api_key,
+            self.wandb_api_key,
+            self.openrouter_api_key,
+            self.summary_api_key,
+            self.collection_api_key,
+        ]
         return [s.get_secret_value() for s in secrets if s and s.get_secret_value()]
 
 

@@ -51,7 +51,7 @@ def read_items(lines: Iterable[str], container: Container = "auto") -> Iterator[
     stream = _with_line_ends(lines)
     if container == "auto":
         head, stream = _peek_first_content_line(stream)
-        container = _guess_container(head)
+        container = guess_container(head)
     if container == "jsonl":
         yield from read_jsonl(stream)
     else:
@@ -124,7 +124,7 @@ def _peek_first_content_line(lines: Iterator[str]) -> tuple[str, Iterator[str]]:
     return (consumed[-1] if consumed else ""), replay()
 
 
-def _guess_container(first_line: str) -> Container:
+def guess_container(first_line: str) -> Container:
     text = first_line.strip().lstrip("\ufeff")
     try:
         json.loads(text)

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -154,3 +155,72 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
 
     __table_args__ = (Index("ix_jobs_created_at_id", "created_at", "id"),)
+
+
+# --- trajectory datasets and collections (migration 0002) ---
+
+
+class Dataset(Base):
+    """An immutable set of trajectory records; the records live in `datasets/{id}/` under the data dir."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    parent_id: Mapped[str | None] = mapped_column(String(32), index=True)  # lineage survives the parent's deletion
+    operation: Mapped[str] = mapped_column(String(32))  # upload, filter, compress, score, collect
+    parameters: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    source_format: Mapped[str | None] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    record_count: Mapped[int] = mapped_column(Integer, default=0)
+    byte_size: Mapped[int] = mapped_column(BigInteger, default=0)
+    stats: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    report: Mapped[dict[str, Any]] = mapped_column(default=dict)  # what the operation did (skipped, dropped, ...)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_datasets_created_at_id", "created_at", "id"),)
+
+
+class Collection(Base):
+    """A batch run of an agent over prompts; its items say exactly which (prompt, run) pairs are done."""
+
+    __tablename__ = "collections"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)  # never a key: keys come from settings
+    prompt_count: Mapped[int] = mapped_column(Integer)
+    runs_per_prompt: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(String(32))
+    dataset_id: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_collections_created_at_id", "created_at", "id"),)
+
+
+class CollectionItem(Base):
+    """The outcome of one (prompt index, run index) pair: kept, discarded or failed."""
+
+    __tablename__ = "collection_items"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    prompt_index: Mapped[int] = mapped_column(Integer)
+    run_index: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    api_calls: Mapped[int] = mapped_column(Integer, default=0)
+    tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    has_reasoning: Mapped[bool] = mapped_column(Boolean, default=False)
+    completed: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    finished_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("collection_id", "prompt_index", "run_index", name="uq_collection_items_item"),
+        Index("ix_collection_items_collection_id_status", "collection_id", "status"),
+    )

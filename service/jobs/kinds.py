@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from service.datasets import operations as dataset_operations
 from service.jobs.runner import JobRunner
 
 
 def register_job_kinds(runner: JobRunner) -> None:
     """Datasets, inference tests and collections add their kinds here."""
+    dataset_operations.register(runner)

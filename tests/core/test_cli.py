@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from service.db import migrate
 from tests.support.live import free_port
 from tests.support.waiting import wait_until
 
@@ -42,7 +43,7 @@ def test_db_upgrade_then_serve_with_a_token(tmp_path: Path) -> None:
         [*RLCTL, "db", "upgrade"], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
     )
     assert upgraded.returncode == 0, upgraded.stderr
-    assert "revision 0001" in upgraded.stdout
+    assert f"revision {migrate.head_revision()}" in upgraded.stdout
     assert (tmp_path / "var" / "rlctl.db").exists()
 
     port = free_port()

@@ -7,11 +7,15 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.conftest import build_settings
 from tests.support.live import LiveService, live_service
 
 TOKEN = "fuzz-token"
+# An upload is valid by its content (JSON lines of a trajectory format), which no schema can state: random files
+# must be refused cleanly (documented 4xx, never 5xx), so only the "valid data is accepted" check is left out.
+CONTENT_VALIDATED = {"POST /datasets"}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +34,11 @@ def test_api_conforms_to_its_schema(fuzz_service: LiveService) -> None:
 
 
 def exercise(operation: schemathesis.APIOperation) -> None:
+    excluded = [positive_data_acceptance] if operation.label in CONTENT_VALIDATED else []
+
     @given(case=operation.as_strategy())
     @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     def call(case: schemathesis.Case) -> None:
-        case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
+        case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120, excluded_checks=excluded)
 
     call()

@@ -1,0 +1,391 @@
+"""Background jobs of datasets: filter, compress and score make a derived dataset from the parent's record
+stream; export-grpo writes a grouped export. Each reads the parent one record at a time.
+
+Resuming after a service restart: a derived dataset is written under the job's own staging directory and its id
+is fixed when the job is submitted, so a resumed job either finds its committed output (and just records it) or
+starts again from the first record. Nothing partial is ever visible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from service.context import AppContext
+from service.datasets import env_scorer
+from service.datasets.builder import DatasetBuilder, insert_dataset_row
+from service.datasets.compression import CompressionConfig, CompressionStats, compress_record
+from service.datasets.filters import FilterCriteria, FilterReport, drop_reasons
+from service.datasets.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
+from service.datasets.records import TrajectoryRecord, record_from_dict
+from service.datasets.rewards import CorrectnessReward, EnvironmentScorer, WeightedReward, build_rewards, scored
+from service.datasets.service import dataset_stats, dataset_store, get_dataset, summary_endpoint
+from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at
+from service.datasets.summarizers import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer
+from service.datasets.tokenizers import LockedCounter, MemoCounter, load_counter
+from service.errors import NotFound
+from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
+
+T = TypeVar("T")
+R = TypeVar("R")
+MAX_REPORTED_ISSUES = 100
+SORT_RUN_ENTRIES = 200_000  # (key, offset) pairs sorted in memory before spilling to disk (~20 MB)
+
+
+def register(runner: JobRunner) -> None:
+    runner.register(JobKind("dataset_filter", run_filter, resumable=True))
+    runner.register(JobKind("dataset_compress", run_compress, resumable=True))
+    runner.register(JobKind("dataset_score", run_score, resumable=True))
+    runner.register(JobKind("dataset_export_grpo", run_export_grpo, resumable=True))
+
+
+# --- the shared pass over a parent dataset ---
+
+
+@dataclass
+class Derivation:
+    ctx: AppContext
+    handle: JobHandle
+    operation: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.handle.params
+
+    def finished_output(self) -> dict[str, Any] | None:
+        """The output of an earlier attempt of this job, if it got as far as committing it."""
+        output_id = self.params["output_id"]
+        try:
+            return _result(get_dataset(self.ctx, output_id))
+        except NotFound:
+            pass
+        meta = dataset_store(self.ctx).files(output_id).meta
+        if meta.is_file():
+            return _result(insert_dataset_row(self.ctx.db.session, json.loads(meta.read_text(encoding="utf-8"))))
+        return None
+
+    def parent(self) -> dict[str, Any]:
+        try:
+            return get_dataset(self.ctx, self.params["dataset_id"])
+        except NotFound:
+            raise JobFailed(f"dataset {self.params['dataset_id']} was deleted before the job could read it") from None
+
+    def records(self) -> Iterator[TrajectoryRecord]:
+        path = dataset_store(self.ctx).files(self.params["dataset_id"]).records
+        for line in iter_lines(path):
+            yield record_from_dict(json.loads(line))
+
+    def builder(self, counter: Any, stats: dict[str, Any] | None = None) -> DatasetBuilder:
+        return DatasetBuilder(dataset_store(self.ctx), self.handle.job_id, counter, stats)
+
+    def finish(self, builder: DatasetBuilder, parent: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+        parameters = {k: v for k, v in self.params.items() if k not in ("dataset_id", "output_id", "name")}
+        row = builder.finish(
+            self.ctx.db.session,
+            self.params["output_id"],
+            name=self.params["name"],
+            operation=self.operation,
+            parent_id=parent["id"],
+            parameters=parameters,
+            source_format=parent["source_format"],
+            report=report,
+        )
+        return _result(row)
+
+    def run(
+        self,
+        builder: DatasetBuilder,
+        total: int,
+        outcomes: Iterable[T],
+        accept: Callable[[T, DatasetBuilder], None],
+    ) -> None:
+        """Feeds each outcome to `accept` in record order, with progress and cancellation between records."""
+        try:
+            for done, outcome in enumerate(outcomes, start=1):
+                accept(outcome, builder)
+                self.handle.progress(done, total)
+                self.handle.check_cancelled()
+        except BaseException:
+            builder.abort()
+            raise
+        self.handle.progress(total, total, force=True)
+
+
+def _result(dataset: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "dataset_id": dataset["id"],
+        "name": dataset["name"],
+        "record_count": dataset["record_count"],
+        "report": dataset["report"],
+    }
+
+
+# --- filter ---
+
+
+def run_filter(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+    job = Derivation(ctx, handle, "filter")
+    if (done := job.finished_output()) is not None:
+        return done
+    parent, params = job.parent(), handle.params
+    allowed = params.get("allowed_tools")
+    criteria = FilterCriteria(
+        drop_without_reasoning=bool(params.get("drop_without_reasoning")),
+        drop_incomplete=bool(params.get("drop_incomplete")),
+        drop_hallucinated_tools=bool(params.get("drop_hallucinated_tools")),
+        allowed_tools=frozenset(allowed) if allowed is not None else None,
+        min_tokens=params.get("min_tokens"),
+        max_tokens=params.get("max_tokens"),
+    )
+    counter = MemoCounter(load_counter(ctx.settings, params["tokenizer"]))
+    builder = job.builder(counter)
+    report = FilterReport()
+
+    def accept(record: TrajectoryRecord, out: DatasetBuilder) -> None:
+        reasons = drop_reasons(record, criteria, counter)
+        report.add(reasons)
+        if reasons:
+            counter.forget()
+        else:
+            out.add(record)
+
+    job.run(builder, parent["record_count"], job.records(), accept)
+    return job.finish(builder, parent, {**report.as_dict(), "tokenizer": counter.name})
+
+
+# --- compress ---
+
+
+def run_compress(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+    job = Derivation(ctx, handle, "compress")
+    if (done := job.finished_output()) is not None:
+        return done
+    parent, params = job.parent(), handle.params
+    config = CompressionConfig(
+        target_max_tokens=params["target_max_tokens"],
+        summary_target_tokens=params["summary_target_tokens"],
+        protect_first_system=params["protect_first_system"],
+        protect_first_human=params["protect_first_human"],
+        protect_first_gpt=params["protect_first_gpt"],
+        protect_first_tool=params["protect_first_tool"],
+        protect_last_n_turns=params["protect_last_n_turns"],
+    )
+    base_counter = load_counter(ctx.settings, params["tokenizer"])
+    summarizer, workers = _summarizer(ctx, params["summarizer"])
+    # One thread: the builder's memo also serves compression's counts, so statistics cost no second count.
+    # Several (a remote summariser): they share one locked tokenizer, and the builder counts again.
+    counter = MemoCounter(base_counter) if workers == 1 else LockedCounter(base_counter)
+    builder = job.builder(counter)
+    aggregate = CompressionStats()
+
+    def compress(record: TrajectoryRecord) -> Any:
+        return compress_record(record, counter, summarizer, config)
+
+    def accept(result: Any, out: DatasetBuilder) -> None:
+        aggregate.add(result.metrics)
+        out.add_metrics({"index": out.count, **result.metrics.as_dict()})
+        out.add(result.record)
+
+    outcomes = ordered_map(compress, job.records(), workers)
+    try:
+        job.run(builder, parent["record_count"], outcomes, accept)
+    finally:
+        outcomes.close()
+    report = {**aggregate.as_dict(), "summarizer": summarizer.name, "tokenizer": counter.name}
+    return job.finish(builder, parent, report)
+
+
+def _summarizer(ctx: AppContext, choice: str) -> tuple[Summarizer, int]:
+    endpoint = summary_endpoint(ctx)
+    if choice != "model":
+        return ExtractiveSummarizer(), 1
+    if endpoint is None:
+        raise JobFailed("the summariser endpoint is no longer configured; compress again with summarizer=extractive")
+    base_url, key = endpoint
+    settings = ctx.settings
+    summarizer = OpenAICompatibleSummarizer(
+        base_url=base_url,
+        api_key=key,
+        model=settings.summary_model,
+        max_retries=settings.summary_max_retries,
+        timeout_s=settings.summary_timeout_s,
+    )
+    return summarizer, settings.summary_concurrency
+
+
+def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+    """`map` over a thread pool with at most 2 × workers items in flight, results in input order."""
+    if workers <= 1:
+        yield from map(function, items)
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dataset-op")
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --- score ---
+
+
+def run_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+    job = Derivation(ctx, handle, "score")
+    if (done := job.finished_output()) is not None:
+        return done
+    parent, params = job.parent(), handle.params
+    answer_field = params.get("answer_field", "answer")
+    scorers = _environment_scorers(ctx, params["rewards"], answer_field)
+    try:
+        rewards = build_rewards(params["rewards"], scorers)
+        rewards = [_with_answer_field(reward, answer_field) for reward in rewards]
+        parent_stats = dataset_stats(ctx, parent["id"])["stats"]
+        builder = job.builder(load_counter(ctx.settings, "approx"), stats=parent_stats)
+        missing = {"answer_missing": 0}
+
+        def accept(record: TrajectoryRecord, out: DatasetBuilder) -> None:
+            if answer_field not in record.metadata:
+                missing["answer_missing"] += 1
+            try:
+                out.add(scored(record, rewards))
+            except env_scorer.ScorerFailed as error:
+                raise JobFailed(str(error)) from None
+
+        job.run(builder, parent["record_count"], job.records(), accept)
+    finally:
+        for scorer in scorers.values():
+            scorer.close()  # type: ignore[attr-defined]
+    weights = {reward.function.name: reward.weight for reward in rewards}
+    report = {"rewards": builder.rewards.as_dict(), "weights": weights, "answer_field": answer_field, **missing}
+    return job.finish(builder, parent, report)
+
+
+def _environment_scorers(
+    ctx: AppContext, spec: list[dict[str, Any]], answer_field: str
+) -> dict[str, EnvironmentScorer]:
+    scorers: dict[str, EnvironmentScorer] = {}
+    try:
+        for entry in spec:
+            name = entry["name"]
+            if env_scorer.has_scorer(ctx, name):
+                path = ctx.catalog.get(name).file_path
+                scorers[name] = env_scorer.ChildScorer(path, answer_field, ctx.settings.schema_timeout_s)
+    except env_scorer.ScorerFailed as error:
+        for scorer in scorers.values():
+            scorer.close()  # type: ignore[attr-defined]
+        raise JobFailed(str(error)) from None
+    return scorers
+
+
+def _with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedReward:
+    if isinstance(reward.function, CorrectnessReward):
+        return WeightedReward(CorrectnessReward(answer_key=answer_field), reward.weight)
+    return reward
+
+
+# --- GRPO export ---
+
+
+def run_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+    """Groups by prompt with an on-disk sort: memory holds one sort run of keys and one group of records."""
+    params = handle.params
+    dataset_id = params["dataset_id"]
+    try:
+        dataset = get_dataset(ctx, dataset_id)
+    except NotFound:
+        raise JobFailed(f"dataset {dataset_id} was deleted before the export could read it") from None
+    store = dataset_store(ctx)
+    files, export_id = store.files(dataset_id), handle.job_id
+    scratch = store.staging(export_id)  # swept at start-up unless this job is still to resume
+    staging = scratch.directory / "export.jsonl"
+    stats, examples = GrpoExportStats(), []
+    try:
+        sorted_pairs, unkeyed = _sorted_keys(files.records, params.get("group_by"), scratch.directory, handle)
+        if unkeyed:
+            issue = GroupIssue(None, NO_PROMPT, unkeyed, "records without a prompt cannot be grouped")
+            stats.add(issue)
+            examples.append(_issue_dict(issue))
+        with files.records.open("rb") as records, staging.open("w", encoding="utf-8") as out:
+            keyed = ((key, record_from_dict(json.loads(read_line_at(records, offset)))) for key, offset in sorted_pairs)
+            outcomes = grpo_groups(
+                keyed,
+                metadata_key=params.get("group_by"),
+                normalize_by_std=bool(params.get("normalize_by_std")),
+                min_group_size=int(params.get("min_group_size", 2)),
+                drop_zero_variance=bool(params.get("drop_zero_variance")),
+            )
+            for outcome in outcomes:
+                stats.add(outcome)
+                if isinstance(outcome, GrpoGroup):
+                    out.write(json.dumps(outcome.as_dict(), ensure_ascii=False) + "\n")
+                elif len(examples) < MAX_REPORTED_ISSUES:
+                    examples.append(_issue_dict(outcome))
+                handle.check_cancelled()
+            out.flush()
+            os.fsync(out.fileno())
+        final = files.export(export_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, final)
+    finally:
+        store.discard(scratch)
+    handle.progress(dataset["record_count"], dataset["record_count"], force=True)
+    return {
+        "dataset_id": dataset_id,
+        "export_id": export_id,
+        **stats.as_dict(),
+        "issue_examples": examples,
+        "download": f"/datasets/{dataset_id}/exports/{export_id}",
+    }
+
+
+def _sorted_keys(
+    records: Path, group_by: str | None, scratch: Path, handle: JobHandle
+) -> tuple[Iterator[tuple[str, int]], int]:
+    """(group key, byte offset) of every record, sorted by key through runs spilled to disk; and the count of
+    records without a prompt."""
+    runs: list[Path] = []
+    buffer: list[tuple[str, int]] = []
+    unkeyed = 0
+    for done, (offset, line) in enumerate(iter_lines_with_offsets(records), start=1):
+        key = group_key(record_from_dict(json.loads(line)), group_by)
+        if key is None:
+            unkeyed += 1
+        else:
+            buffer.append((key, offset))
+        if len(buffer) >= SORT_RUN_ENTRIES:
+            runs.append(_spill(sorted(buffer), scratch, len(runs)))
+            buffer = []
+        handle.progress(done // 2)  # sorting is about half the work
+        handle.check_cancelled()
+    buffer.sort()
+    return heapq.merge(*(_read_run(path) for path in runs), iter(buffer)), unkeyed
+
+
+def _spill(pairs: list[tuple[str, int]], scratch: Path, number: int) -> Path:
+    path = scratch / f"run-{number}.tsv"
+    with path.open("w", encoding="ascii") as handle:
+        handle.writelines(f"{key}\t{offset}\n" for key, offset in pairs)
+    return path
+
+
+def _read_run(path: Path) -> Iterator[tuple[str, int]]:
+    with path.open(encoding="ascii") as handle:
+        for line in handle:
+            key, _, offset = line.rstrip("\n").partition("\t")
+            yield key, int(offset)
+
+
+def _issue_dict(issue: GroupIssue) -> dict[str, Any]:
+    return {"group_key": issue.key, "reason": issue.reason, "size": issue.size, "detail": issue.detail}

@@ -1,0 +1,143 @@
+"""HTTP models of trajectory datasets."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.names import NAME_PATTERN
+
+UploadFormat = Literal[
+    "auto", "openai", "sharegpt", "responses", "swe_agent", "tau_bench", "llamafactory", "openhands", "rlctl"
+]
+OnError = Literal["fail", "skip"]
+ContainerName = Literal["auto", "jsonl", "json"]
+Operation = Literal["upload", "filter", "compress", "score", "collect"]
+ExportFormat = Literal["rlctl", "sharegpt"]
+SummarizerChoice = Literal["auto", "extractive", "model"]
+FIELD_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+ToolName = Annotated[str, Field(min_length=1, max_length=200)]
+
+_NAME_FIELD = Field(None, pattern=NAME_PATTERN, description="Name of the derived dataset; default: parent-operation.")
+_TOKENIZER_FIELD = Field(
+    None,
+    pattern=NAME_PATTERN,
+    description="Token counter: `approx`, `tiny`, `run`, or a tokenizer directory's name (RLCTL_TOKENIZER_DIRS).",
+)
+
+
+class ItemErrorOut(BaseModel):
+    line: int = Field(description="1-based line where the item starts in the upload.")
+    code: str = Field(description="INVALID_JSON, INVALID_RECORD, UNKNOWN_FORMAT, UNKNOWN_ROLE, ...")
+    message: str
+    path: str | None = Field(None, description="Where inside the item, e.g. traj[5].role.")
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    parent_id: str | None = Field(description="The dataset this one was derived from (lineage).")
+    operation: Operation
+    parameters: dict[str, Any] = Field(description="The operation's parameters, as given or defaulted.")
+    source_format: str | None = Field(description="Format requested at upload (`auto` or a format name).")
+    status: Literal["ready"]
+    record_count: int
+    byte_size: int
+    report: dict[str, Any] = Field(description="What the operation did: skipped lines, dropped records, metrics.")
+    created_at: datetime
+
+
+class DatasetList(BaseModel):
+    datasets: list[DatasetOut]
+    count: int
+    next_cursor: str | None
+
+
+class RecordsPage(BaseModel):
+    dataset_id: str
+    offset: int
+    limit: int
+    total: int
+    next_offset: int | None
+    records: list[dict[str, Any]] = Field(description="Stored records: `conversations`, `metadata`, ...")
+
+
+class MetricsPage(BaseModel):
+    dataset_id: str
+    offset: int
+    limit: int
+    total: int
+    next_offset: int | None
+    metrics: list[dict[str, Any]] = Field(description="Per-record compression metrics, in record order.")
+
+
+class DatasetStatsOut(BaseModel):
+    dataset_id: str
+    record_count: int
+    stats: dict[str, Any] = Field(
+        description="tool_stats (count, success, failure, rates per tool), tool_calls, reasoning_stats (with "
+        "coverage), completion_rate, api_calls, tokens (distribution), turns, source_formats, rewards."
+    )
+
+
+class FilterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = _NAME_FIELD
+    drop_without_reasoning: bool = Field(False, description="Drop records with no <think> in any gpt turn.")
+    drop_incomplete: bool = Field(False, description="Drop records that did not complete.")
+    drop_hallucinated_tools: bool = Field(False, description="Drop records calling tools outside the allowed list.")
+    allowed_tools: list[ToolName] | None = Field(
+        None, max_length=1000, description="Allowed tool names; default: each record's declared tools."
+    )
+    min_tokens: int | None = Field(None, ge=0, le=100_000_000)
+    max_tokens: int | None = Field(None, ge=0, le=100_000_000)
+    tokenizer: str | None = _TOKENIZER_FIELD
+
+
+class CompressRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = _NAME_FIELD
+    target_max_tokens: int = Field(15250, ge=1, le=10_000_000)
+    summary_target_tokens: int = Field(750, ge=1, le=1_000_000)
+    protect_first_system: bool = True
+    protect_first_human: bool = True
+    protect_first_gpt: bool = True
+    protect_first_tool: bool = True
+    protect_last_n_turns: int = Field(4, ge=0, le=10_000)
+    summarizer: SummarizerChoice = Field(
+        "auto", description="`model` (the configured endpoint), `extractive`, or `auto`: the model when configured."
+    )
+    tokenizer: str | None = _TOKENIZER_FIELD
+
+
+class RewardSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        description="correctness, format, source_reward, or an environment with a scorer (e.g. gsm8k).",
+    )
+    weight: float = Field(1.0, ge=-1000, le=1000)
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = _NAME_FIELD
+    rewards: list[RewardSpec] = Field(min_length=1, max_length=16)
+    answer_field: str = Field("answer", pattern=FIELD_PATTERN, description="Metadata field of the expected answer.")
+
+
+class GrpoExportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group_by: str | None = Field(
+        None, pattern=FIELD_PATTERN, description="Metadata field that names the prompt; default: the human turns."
+    )
+    normalize_by_std: bool = Field(False, description="Divide advantages by the group's standard deviation.")
+    min_group_size: int = Field(2, ge=2, le=4096)
+    drop_zero_variance: bool = Field(False, description="Report groups whose rewards are all equal, not export them.")

@@ -1,0 +1,367 @@
+"""Dataset operations, shared by the REST routes and the agent tools: each takes the AppContext and plain
+arguments and returns JSON-ready dicts. Long operations start a background job and return it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sqlalchemy import and_, or_, select
+
+from service.context import AppContext
+from service.datasets import env_scorer
+from service.datasets.builder import DatasetBuilder, new_dataset_id
+from service.datasets.errors import (
+    DatasetBusy,
+    DatasetNotFound,
+    EmptyUpload,
+    ExportNotFound,
+    InvalidEncoding,
+    InvalidRecords,
+    SummarizerNotConfigured,
+    UnknownReward,
+)
+from service.datasets.importing import FORMAT_NAMES, import_item
+from service.datasets.reading import ItemError
+from service.datasets.records import record_from_dict
+from service.datasets.rewards import BUILTIN_REWARDS
+from service.datasets.store import DatasetStore, read_page
+from service.datasets.tokenizers import load_counter, resolve_tokenizer
+from service.datasets.uploads import UndecodableUpload, upload_items
+from service.db.models import Dataset, Job
+from service.errors import ValidationFailed
+from service.jobs.runner import QUEUED, RUNNING
+from service.jobs.service import get_job
+from service.names import validate_name
+from service.pagination import decode_cursor, encode_cursor
+
+logger = logging.getLogger("rlctl.datasets")
+
+MAX_PAGE = 200
+MAX_RECORDS_PAGE = 100
+MAX_REPORTED_ERRORS = 100
+DATASET_JOB_KINDS = ("dataset_filter", "dataset_compress", "dataset_score", "dataset_export_grpo")
+
+
+def dataset_store(ctx: AppContext) -> DatasetStore:
+    return DatasetStore(ctx.settings.data_path)
+
+
+def dataset_record(row: Dataset) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "parent_id": row.parent_id,
+        "operation": row.operation,
+        "parameters": row.parameters,
+        "source_format": row.source_format,
+        "status": row.status,
+        "record_count": row.record_count,
+        "byte_size": row.byte_size,
+        "report": row.report,
+        "created_at": row.created_at,
+    }
+
+
+# --- upload ---
+
+
+class _ErrorList:
+    def __init__(self, limit: int = MAX_REPORTED_ERRORS) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.count = 0
+        self.limit = limit
+
+    def add(self, error: ItemError) -> None:
+        self.count += 1
+        if len(self.items) < self.limit:
+            self.items.append({"line": error.line, "code": error.code, "message": error.message, "path": error.path})
+
+    def details(self) -> dict[str, Any]:
+        return {"errors": self.items, "error_count": self.count, "errors_truncated": self.count > len(self.items)}
+
+
+def upload_dataset(
+    ctx: AppContext,
+    name: str,
+    fmt: str,
+    lines_or_stream: BinaryIO | Iterable[str],
+    on_error: str = "fail",
+    container: str = "auto",
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
+    """Import an upload, record by record, into a new dataset. With `on_error="fail"` any bad item stores
+    nothing (every bad line is reported); with `"skip"` the good items are stored and the bad ones reported."""
+    validate_name(name, "dataset name")
+    _check_choice("format", fmt, FORMAT_NAMES)
+    _check_choice("on_error", on_error, ("fail", "skip"))
+    _check_choice("container", container, ("auto", "jsonl", "json"))
+    counter_name = resolve_tokenizer(ctx.settings, tokenizer)
+    dataset_id = new_dataset_id()
+    builder = DatasetBuilder(dataset_store(ctx), f"upload-{dataset_id}", load_counter(ctx.settings, counter_name))
+    errors = _ErrorList()
+    try:
+        for item in upload_items(lines_or_stream, container):  # type: ignore[arg-type]
+            outcome = item if isinstance(item, ItemError) else import_item(item, fmt)
+            if isinstance(outcome, ItemError):
+                errors.add(outcome)
+            elif not (errors.count and on_error == "fail"):  # after a bad item nothing will be kept: stop writing
+                builder.add(outcome.record)
+    except UndecodableUpload as error:
+        builder.abort()
+        raise InvalidEncoding(str(error), {"line": error.line}) from None
+    except BaseException:
+        builder.abort()
+        raise
+    if errors.count and on_error == "fail":
+        builder.abort()
+        raise InvalidRecords(
+            f"{errors.count} item(s) could not be imported; nothing was stored (on_error=skip keeps the good ones)",
+            errors.details(),
+        )
+    if builder.count == 0:
+        builder.abort()
+        raise EmptyUpload("the upload holds no records", errors.details())
+    report = {"records": builder.count, "skipped": errors.count, **errors.details(), "tokenizer": counter_name}
+    parameters = {"format": fmt, "on_error": on_error, "container": container, "tokenizer": counter_name}
+    return builder.finish(
+        ctx.db.session,
+        dataset_id,
+        name=name,
+        operation="upload",
+        parameters=parameters,
+        source_format=fmt,
+        report=report,
+    )
+
+
+# --- reads ---
+
+
+def get_dataset(ctx: AppContext, dataset_id: str) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        return dataset_record(_load(session, dataset_id))
+
+
+def list_datasets(
+    ctx: AppContext,
+    name: str | None = None,
+    operation: str | None = None,
+    parent_id: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    query = select(Dataset)
+    if name:
+        query = query.where(Dataset.name == name)
+    if operation:
+        query = query.where(Dataset.operation == operation)
+    if parent_id:
+        query = query.where(Dataset.parent_id == parent_id)
+    if cursor:
+        created_at, last_id = decode_cursor(cursor)
+        query = query.where(
+            or_(Dataset.created_at < created_at, and_(Dataset.created_at == created_at, Dataset.id < last_id))
+        )
+    limit = max(1, min(limit, MAX_PAGE))
+    with ctx.db.session() as session:
+        rows = list(session.scalars(query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)))
+        records = [dataset_record(row) for row in rows[:limit]]
+    next_cursor = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+    return {"datasets": records, "count": len(records), "next_cursor": next_cursor}
+
+
+def dataset_stats(ctx: AppContext, dataset_id: str) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        row = _load(session, dataset_id)
+        return {"dataset_id": row.id, "record_count": row.record_count, "stats": row.stats}
+
+
+def read_records(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 20) -> dict[str, Any]:
+    """A page of records, found through the offsets index: as fast at the end of a dataset as at its start."""
+    total = get_dataset(ctx, dataset_id)["record_count"]
+    offset, limit = max(0, offset), max(1, min(limit, MAX_RECORDS_PAGE))
+    files = dataset_store(ctx).files(dataset_id)
+    lines = read_page(files.records, files.index, offset, limit) if offset < total else []
+    return {**_page(dataset_id, offset, limit, total, len(lines)), "records": [json.loads(line) for line in lines]}
+
+
+def read_compression_metrics(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+    dataset = get_dataset(ctx, dataset_id)
+    files = dataset_store(ctx).files(dataset_id)
+    total = dataset["record_count"] if files.compression.exists() else 0
+    offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
+    lines = read_page(files.compression, files.compression_index, offset, limit) if offset < total else []
+    return {**_page(dataset_id, offset, limit, total, len(lines)), "metrics": [json.loads(line) for line in lines]}
+
+
+def export_dataset(ctx: AppContext, dataset_id: str, fmt: str = "rlctl") -> Iterator[bytes]:
+    """The records as JSON Lines: stored form (`rlctl`, re-importable as is) or plain ShareGPT."""
+    _check_choice("format", fmt, ("rlctl", "sharegpt"))
+    get_dataset(ctx, dataset_id)
+    path = dataset_store(ctx).files(dataset_id).records
+    handle = path.open("rb")  # opened now: a deletion during the download does not cut it short
+    if fmt == "rlctl":
+        return _chunks_of(handle)
+    return _sharegpt_lines(handle)
+
+
+def export_file(ctx: AppContext, dataset_id: str, export_id: str) -> Path:
+    validate_name(export_id, "export id")
+    get_dataset(ctx, dataset_id)
+    path = dataset_store(ctx).files(dataset_id).export(export_id)
+    if not path.is_file():
+        raise ExportNotFound(f"dataset {dataset_id} has no export {export_id!r}", {"export_id": export_id})
+    return path
+
+
+def delete_dataset(ctx: AppContext, dataset_id: str) -> None:
+    """Removes the row, then the files. Derived datasets keep their parent_id (lineage outlives the parent)."""
+    with ctx.db.session() as session:
+        row = _load(session, dataset_id)
+        busy = [job.id for job in _unfinished_dataset_jobs(session) if job.params.get("dataset_id") == dataset_id]
+        if busy:
+            raise DatasetBusy(f"job(s) {', '.join(busy)} still read dataset {dataset_id}", {"jobs": busy})
+        session.delete(row)
+    dataset_store(ctx).remove(dataset_id)
+
+
+# --- derived datasets (background jobs) ---
+
+
+def start_filter(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    parent = get_dataset(ctx, dataset_id)
+    params = dict(params)
+    params["tokenizer"] = resolve_tokenizer(ctx.settings, params.get("tokenizer"))
+    if params.get("allowed_tools") is not None:
+        params["allowed_tools"] = sorted(set(params["allowed_tools"]))
+    return _submit(ctx, "dataset_filter", parent, params)
+
+
+def start_compression(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    parent = get_dataset(ctx, dataset_id)
+    params = dict(params)
+    params["tokenizer"] = resolve_tokenizer(ctx.settings, params.get("tokenizer"))
+    choice = params.get("summarizer", "auto")
+    configured = summary_endpoint(ctx) is not None
+    if choice == "model" and not configured:
+        raise SummarizerNotConfigured(
+            "no summariser endpoint is configured: set RLCTL_SUMMARY_BASE_URL (or OPENROUTER_API_KEY)",
+            {"summarizer": choice},
+        )
+    params["summarizer"] = "model" if choice == "model" or (choice == "auto" and configured) else "extractive"
+    if params["summarizer"] == "model":
+        params["summary_model"] = ctx.settings.summary_model
+    return _submit(ctx, "dataset_compress", parent, params)
+
+
+def start_scoring(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    parent = get_dataset(ctx, dataset_id)
+    names = [reward["name"] for reward in params["rewards"]]
+    if len(set(names)) != len(names):
+        raise ValidationFailed("each reward function may appear once", {"rewards": names})
+    for reward in params["rewards"]:
+        if not math.isfinite(float(reward.get("weight", 1.0))):
+            raise ValidationFailed("reward weights must be finite numbers", {"reward": reward["name"]})
+        if reward["name"] not in BUILTIN_REWARDS and not env_scorer.has_scorer(ctx, reward["name"]):
+            raise UnknownReward(
+                f"unknown reward function {reward['name']!r}",
+                {"name": reward["name"], "available": [*BUILTIN_REWARDS, *env_scorer.scorer_environments(ctx)]},
+            )
+    return _submit(ctx, "dataset_score", parent, params)
+
+
+def start_grpo_export(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    parent = get_dataset(ctx, dataset_id)
+    job_id = ctx.jobs.submit(
+        "dataset_export_grpo", {**params, "dataset_id": parent["id"]}, total=parent["record_count"]
+    )
+    return get_job(ctx, job_id)
+
+
+def summary_endpoint(ctx: AppContext) -> tuple[str, str] | None:
+    """(base URL, key) of the configured summariser, or None: then the extractive summary is used."""
+    settings = ctx.settings
+    key = settings.summary_api_key or settings.openrouter_api_key
+    base_url = settings.summary_base_url or ("https://openrouter.ai/api/v1" if settings.openrouter_api_key else None)
+    if base_url is None:
+        return None
+    return base_url, key.get_secret_value() if key else "none"
+
+
+def open_datasets(ctx: AppContext) -> None:
+    """At start-up, before jobs resume: remove what a crash left behind (never what a live job will need)."""
+    with ctx.db.session() as session:
+        jobs = _unfinished_dataset_jobs(session)
+        keep = {job.id for job in jobs} | {str(job.params.get("output_id")) for job in jobs}
+        known = set(session.scalars(select(Dataset.id)))
+    removed = dataset_store(ctx).sweep(keep_staging=keep, known_ids=known | keep)
+    if removed:
+        logger.info("removed %d leftover dataset directories", len(removed))
+
+
+# --- helpers ---
+
+
+def _submit(ctx: AppContext, kind: str, parent: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    operation = kind.removeprefix("dataset_")
+    params = {
+        **params,
+        "dataset_id": parent["id"],
+        "output_id": new_dataset_id(),
+        "name": params.get("name") or f"{parent['name'][:100]}-{operation}",
+    }
+    job_id = ctx.jobs.submit(kind, params, total=parent["record_count"])
+    return get_job(ctx, job_id)
+
+
+def _unfinished_dataset_jobs(session: Any) -> list[Job]:
+    query = select(Job).where(Job.kind.in_(DATASET_JOB_KINDS), Job.status.in_((QUEUED, RUNNING)))
+    return list(session.scalars(query))
+
+
+def _load(session: Any, dataset_id: str) -> Dataset:
+    validate_name(dataset_id, "dataset id")
+    row = session.get(Dataset, dataset_id)
+    if row is None:
+        raise DatasetNotFound(f"no dataset with id {dataset_id!r}", {"dataset_id": dataset_id})
+    return row
+
+
+def _page(dataset_id: str, offset: int, limit: int, total: int, returned: int) -> dict[str, Any]:
+    following = offset + returned
+    return {
+        "dataset_id": dataset_id,
+        "offset": offset,
+        "limit": limit,
+        "total": total,
+        "next_offset": following if returned and following < total else None,
+    }
+
+
+def _check_choice(field: str, value: str, choices: Iterable[str]) -> None:
+    allowed = list(choices)
+    if value not in allowed:
+        raise ValidationFailed(f"unknown {field} {value!r}", {"field": field, "available": allowed})
+
+
+def _chunks_of(handle: BinaryIO, size: int = 1 << 20) -> Iterator[bytes]:
+    with handle:
+        while chunk := handle.read(size):
+            yield chunk
+
+
+def _sharegpt_lines(handle: BinaryIO) -> Iterator[bytes]:
+    """Plain ShareGPT: `conversations` of {from, value} only, metadata keys beside them, reward when scored."""
+    with handle:
+        for raw in handle:
+            record = record_from_dict(json.loads(raw))
+            line: dict[str, Any] = {**record.metadata}
+            line["conversations"] = [{"from": turn.role, "value": turn.value} for turn in record.turns]
+            if record.reward is not None:
+                line["reward"] = record.reward
+            yield (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")

@@ -1,0 +1,74 @@
+"""Items of an uploaded byte stream: UTF-8 checked, JSON Lines read line by line, one JSON document read in
+chunks (so a minified single-line document of any size never sits in memory whole)."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+from service.datasets.reading import Container, ItemError, RawItem, guess_container, read_items, read_json_document
+
+CHUNK_BYTES = 1 << 20
+# The first line decides the container; a longer first line is taken for a minified JSON document.
+PEEK_LIMIT_BYTES = 64 << 20
+
+
+class UndecodableUpload(ValueError):
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: the upload is not UTF-8 text ({reason})")
+        self.line = line
+
+
+def upload_items(source: BinaryIO | Iterable[str], container: Container = "auto") -> Iterator[RawItem | ItemError]:
+    """Items of a seekable binary stream (an uploaded file) or of text lines (agent tools, tests)."""
+    if not hasattr(source, "read"):
+        yield from read_items(source, container)  # type: ignore[arg-type]
+        return
+    stream: BinaryIO = source  # type: ignore[assignment]
+    if container == "auto":
+        container = _detect_container(stream)
+    if container == "jsonl":
+        yield from read_items(_decoded_lines(stream), "jsonl")
+    else:
+        yield from read_json_document(_decoded_chunks(stream))
+
+
+def _detect_container(stream: BinaryIO) -> Container:
+    start = stream.tell()
+    try:
+        while True:
+            line = stream.readline(PEEK_LIMIT_BYTES)
+            if not line:
+                return "jsonl"  # empty: either reader reports it
+            if not line.endswith(b"\n") and len(line) >= PEEK_LIMIT_BYTES:
+                return "json"
+            text = line.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
+            if text:
+                return guess_container(text)
+    finally:
+        stream.seek(start)
+
+
+def _decoded_lines(stream: BinaryIO) -> Iterator[str]:
+    for number, raw in enumerate(stream, start=1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UndecodableUpload(number, error.reason) from None
+
+
+def _decoded_chunks(stream: BinaryIO) -> Iterator[str]:
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    line = 1
+    while True:
+        chunk = stream.read(CHUNK_BYTES)
+        try:
+            text = decoder.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as error:
+            raise UndecodableUpload(line + chunk[: error.start].count(b"\n"), error.reason) from None
+        line += chunk.count(b"\n")
+        if text:
+            yield text
+        if not chunk:
+            return
