@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
 from service.auth import require_token
+from service.collections import routes as collection_routes
 from service.context import AppContext, build_context
 from service.datasets import routes as dataset_routes
 from service.datasets.service import open_datasets
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(jobs_router, dependencies=protected)
     app.include_router(dataset_routes.router, dependencies=protected)
     app.include_router(dataset_routes.downloads_router, dependencies=protected)
+    app.include_router(collection_routes.router, dependencies=protected)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     app.add_middleware(RequestIdMiddleware)
     return app
@@ -83,6 +85,8 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
 
 def _body_limit(context: AppContext):  # type: ignore[no-untyped-def]
     def limit_for(scope: Scope) -> int:
-        return dataset_routes.body_limit(scope, context.settings) or context.settings.max_body_bytes
+        settings = context.settings
+        own_limit = dataset_routes.body_limit(scope, settings) or collection_routes.body_limit(scope, settings)
+        return own_limit or settings.max_body_bytes
 
     return limit_for

@@ -1,0 +1,127 @@
+"""One agent trajectory: an OpenAI-compatible chat model with tools, turn after turn, until it answers without
+calling a tool or `max_turns` model calls are spent.
+
+Tool calls come from the response's `tool_calls`, or, for servers that return raw text, from Hermes-style
+`<tool_call>{"name": …, "arguments": …}</tool_call>` blocks in the content. Reasoning comes from
+`reasoning_content` / `reasoning` beside the content, or from `<think>` in it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from service.collections.tools import Toolbox
+from service.datasets.tags import parse_tagged_tool_calls
+
+_TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>", re.DOTALL)
+
+
+class BadResponse(Exception):
+    """The endpoint answered something that is not a usable chat completion."""
+
+
+class Interrupted(Exception):
+    """The job was cancelled or the service is stopping: the item is left to a resume, not recorded."""
+
+
+@dataclass
+class AgentSettings:
+    model: str
+    max_turns: int
+    max_tokens: int
+    temperature: float
+
+
+@dataclass
+class Trajectory:
+    messages: list[dict[str, Any]]  # the conversation, with reasoning kept beside the content
+    completed: bool = False
+    api_calls: int = 0
+    tool_calls: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+
+
+def run_agent(
+    client: openai.OpenAI,
+    settings: AgentSettings,
+    messages: list[dict[str, Any]],
+    toolbox: Toolbox,
+    should_stop: Callable[[], bool],
+) -> Trajectory:
+    trajectory = Trajectory(messages=list(messages))
+    wire = list(messages)  # what the endpoint gets back: no reasoning fields (not every server accepts them)
+    schemas = toolbox.schemas()
+    for turn in range(settings.max_turns):
+        if should_stop():
+            raise Interrupted()
+        response = client.chat.completions.create(
+            model=settings.model,
+            messages=wire,  # type: ignore[arg-type]
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            **({"tools": schemas} if schemas else {}),  # type: ignore[arg-type]
+        )
+        trajectory.api_calls += 1
+        if not response.choices:
+            raise BadResponse("the endpoint answered no choices")
+        choice = response.choices[0]
+        trajectory.finish_reasons.append(str(choice.finish_reason))
+        assistant, calls = _assistant_message(choice.message, turn)
+        trajectory.messages.append(assistant)
+        wire.append({key: value for key, value in assistant.items() if key != "reasoning_content"})
+        if not calls:
+            trajectory.completed = choice.finish_reason != "length"  # an answer cut short is not a final one
+            return trajectory
+        for call_id, name, arguments in calls:
+            if should_stop():
+                raise Interrupted()
+            result = toolbox.call(name, arguments)
+            trajectory.tool_calls += 1
+            tool_message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result}
+            trajectory.messages.append(tool_message)
+            wire.append(tool_message)
+    return trajectory
+
+
+def _assistant_message(message: Any, turn: int) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+    content = message.content or ""
+    extra = message.model_extra or {}
+    reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+    calls = [
+        (call.id or f"call_{turn}_{index}", call.function.name, _parsed(call.function.arguments))
+        for index, call in enumerate(message.tool_calls or [])
+        if getattr(call, "function", None) is not None
+    ]
+    if not calls and "<tool_call>" in content:
+        tagged = parse_tagged_tool_calls(content)
+        calls = [(f"call_{turn}_{i}", c["name"], c.get("arguments", {})) for i, c in enumerate(tagged)]
+        if calls:
+            content = _TOOL_CALL_BLOCK.sub("", content).strip()
+    assistant: dict[str, Any] = {"role": "assistant", "content": content}
+    if isinstance(reasoning, str) and reasoning.strip():
+        assistant["reasoning_content"] = reasoning
+    if calls:
+        assistant["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+            }
+            for call_id, name, arguments in calls
+        ]
+    return assistant, calls
+
+
+def _parsed(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments

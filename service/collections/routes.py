@@ -1,0 +1,110 @@
+"""HTTP routes of collections (the batch runner): thin adapters over service.collections.service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
+
+from service.collections import service
+from service.collections.schemas import (
+    CollectionItemsPage,
+    CollectionList,
+    CollectionOut,
+    CollectionStatus,
+    CreateCollectionRequest,
+    ItemStatus,
+)
+from service.deps import Ctx
+from service.names import name_path
+from service.pagination import CURSOR_PATTERN
+from service.schemas import error_responses
+from service.settings import Settings
+
+router = APIRouter(prefix="/collections", tags=["collections"], responses=error_responses(401))
+CollectionId = Annotated[str, name_path("Collection id, as returned by POST /collections.")]
+
+
+def body_limit(scope: Scope, settings: Settings) -> int | None:
+    """Prompts travel in the request body: this route gets its own (larger) limit."""
+    if scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == "/collections":
+        return settings.collection_max_body_bytes
+    return None
+
+
+@router.post(
+    "",
+    response_model=CollectionOut,
+    status_code=202,
+    summary="Collect trajectories (batch runner)",
+    responses=error_responses(413, 422),
+)
+async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> dict:
+    """Runs an OpenAI-compatible chat model with tools over the prompts, `runs_per_prompt` times each, with
+    bounded concurrency; each trajectory's tools work in its own sandbox directory. Progress is visible at
+    GET /collections/{id}; cancel with POST /collections/{id}/cancel and continue with .../resume (by prompt
+    and run index: nothing is run twice, nothing is lost). When done, `dataset_id` names the dataset."""
+    return await run_in_threadpool(service.create_collection, ctx, body.model_dump())
+
+
+@router.get("", response_model=CollectionList, summary="List collections", responses=error_responses(422))
+async def list_collections(
+    ctx: Ctx,
+    status: Annotated[CollectionStatus | None, Query(description="Only collections in this state.")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
+    ] = None,
+) -> dict:
+    """Newest first."""
+    return await run_in_threadpool(service.list_collections, ctx, status, limit, cursor)
+
+
+@router.get(
+    "/{collection_id}", response_model=CollectionOut, summary="Get a collection", responses=error_responses(404, 422)
+)
+async def get_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
+    """Status, progress (kept, discarded, failed, pending), the job and, once completed, the dataset."""
+    return await run_in_threadpool(service.get_collection, ctx, collection_id)
+
+
+@router.get(
+    "/{collection_id}/items",
+    response_model=CollectionItemsPage,
+    summary="List a collection's recorded items",
+    responses=error_responses(404, 422),
+)
+async def list_collection_items(
+    ctx: Ctx,
+    collection_id: CollectionId,
+    status: Annotated[ItemStatus | None, Query(description="Only items with this outcome.")] = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=200)] = 100,
+) -> dict:
+    """One entry per (prompt index, run index) pair that has an outcome, in that order."""
+    return await run_in_threadpool(service.list_items, ctx, collection_id, status, offset, limit)
+
+
+@router.post(
+    "/{collection_id}/cancel",
+    response_model=CollectionOut,
+    summary="Cancel a collection",
+    responses=error_responses(404, 409, 422),
+)
+async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
+    """Stops starting trajectories; running ones stop at their next turn and stay pending. 409 when not running."""
+    return await run_in_threadpool(service.cancel_collection, ctx, collection_id)
+
+
+@router.post(
+    "/{collection_id}/resume",
+    response_model=CollectionOut,
+    status_code=202,
+    summary="Resume a collection",
+    responses=error_responses(404, 409, 422),
+)
+async def resume_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
+    """Runs every pair without a kept or discarded outcome (failed ones again). 409 unless cancelled or failed."""
+    return await run_in_threadpool(service.resume_collection, ctx, collection_id)

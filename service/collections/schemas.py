@@ -1,0 +1,113 @@
+"""HTTP models of collections (the batch runner)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.jobs.schemas import JobOut
+from service.names import NAME_PATTERN
+
+CollectionStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
+ItemStatus = Literal["kept", "discarded", "failed"]
+ToolName = Literal["terminal", "read_file", "write_file"]
+BASE_URL_PATTERN = r"^https?://[A-Za-z0-9._~%-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/-]*)?$"
+NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
+
+
+class PromptItem(BaseModel):
+    """One line of a prompts JSONL: the prompt, an optional expected answer, and any other keys (kept as the
+    trajectories' metadata, e.g. `task_id`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str = Field(min_length=1, max_length=200_000)
+    answer: str | int | float | None = Field(None, description="Expected answer, for scoring (`correctness`).")
+
+
+class CreateCollectionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="Name of the dataset the collection produces.")
+    prompts: list[PromptItem] = Field(min_length=1, max_length=10_000, description="Duplicates are distinct items.")
+    base_url: str = Field(
+        max_length=2048,
+        pattern=BASE_URL_PATTERN,
+        description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1. The key comes from the server's "
+        "settings (RLCTL_COLLECTION_API_KEY, or OPENROUTER_API_KEY for OpenRouter), never from the request.",
+    )
+    model: str = Field(min_length=1, max_length=256, pattern=NO_CONTROL)
+    runs_per_prompt: int = Field(2, ge=2, le=64, description="Trajectories per prompt (GRPO needs a group).")
+    concurrency: int = Field(4, ge=1, le=64, description="Trajectories run at once.")
+    max_turns: int = Field(10, ge=1, le=100, description="Model calls per trajectory at most.")
+    max_tokens: int = Field(1024, ge=1, le=131_072, description="Tokens per model answer at most.")
+    temperature: float = Field(1.0, ge=0, le=2)
+    system_prompt: str | None = Field(None, max_length=100_000)
+    tools: list[ToolName] = Field(
+        default_factory=lambda: ["terminal", "read_file", "write_file"],
+        max_length=3,
+        description="Built-in tools, run in a per-trajectory sandbox directory.",
+    )
+    tool_timeout_s: float = Field(30, ge=0.1, le=600, description="Time limit of one tool call.")
+    tool_output_limit: int = Field(10_000, ge=100, le=1_000_000, description="Characters of tool output kept.")
+    request_timeout_s: float = Field(120, ge=1, le=3600, description="Time limit of one model call.")
+    discard_without_reasoning: bool = Field(
+        False, description="Discard trajectories with no reasoning (recorded, so a resume skips them)."
+    )
+
+
+class CollectionProgress(BaseModel):
+    total: int
+    kept: int
+    discarded: int
+    failed: int
+    pending: int
+
+
+class CollectionOut(BaseModel):
+    id: str
+    name: str
+    status: CollectionStatus
+    model: str
+    base_url: str
+    prompt_count: int
+    runs_per_prompt: int
+    params: dict[str, Any] = Field(description="The request without its prompts (and never a key).")
+    progress: CollectionProgress
+    job_id: str | None
+    job: JobOut | None = Field(description="The job running (or last running) the collection.")
+    dataset_id: str | None = Field(description="The dataset produced, once completed.")
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionOut]
+    count: int
+    next_cursor: str | None
+
+
+class CollectionItemOut(BaseModel):
+    prompt_index: int
+    run_index: int
+    status: ItemStatus
+    reason: str | None = Field(description="Why an item was discarded or failed.")
+    api_calls: int
+    tool_calls: int
+    has_reasoning: bool
+    completed: bool
+    attempts: int
+    finished_at: datetime
+
+
+class CollectionItemsPage(BaseModel):
+    collection_id: str
+    offset: int
+    limit: int
+    total: int
+    next_offset: int | None
+    items: list[CollectionItemOut]

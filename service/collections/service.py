@@ -1,0 +1,235 @@
+"""Collection operations, shared by the REST routes and the agent tools."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+from sqlalchemy import and_, func, or_, select
+
+from service.collections.schemas import CreateCollectionRequest
+from service.context import AppContext
+from service.datasets.builder import new_dataset_id
+from service.datasets.errors import CollectionNotFound
+from service.datasets.store import write_json_atomically
+from service.db.models import Collection, CollectionItem, Job
+from service.db.types import utcnow
+from service.errors import InvalidState, ValidationFailed
+from service.jobs.runner import QUEUED, RUNNING, TERMINAL
+from service.jobs.service import job_record
+from service.names import validate_name
+from service.pagination import decode_cursor, encode_cursor
+
+JOB_KIND = "collection_run"
+KEPT, DISCARDED, FAILED = "kept", "discarded", "failed"
+DONE_STATUSES = (KEPT, DISCARDED)  # a resume skips these; failed items are tried again
+MAX_PAGE = 200
+
+
+def collection_dir(ctx: AppContext, collection_id: str) -> Path:
+    return ctx.settings.data_path / "collections" / collection_id
+
+
+def create_collection(ctx: AppContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Store the prompts and the collection, then start its job. Returns the collection."""
+    try:
+        request = CreateCollectionRequest.model_validate(params)
+    except ValidationError as error:
+        errors = [{"location": list(e["loc"]), "message": e["msg"]} for e in error.errors()]
+        raise ValidationFailed("the collection request is not valid", {"errors": errors}) from None
+    collection_id = "col" + uuid.uuid4().hex[:13]
+    directory = collection_dir(ctx, collection_id)
+    directory.mkdir(parents=True)
+    prompts_path = directory / "prompts.jsonl"
+    with prompts_path.open("w", encoding="utf-8") as handle:
+        for item in request.prompts:
+            handle.write(json.dumps(item.model_dump(exclude_none=True), ensure_ascii=False) + "\n")
+    stored = request.model_dump(exclude={"prompts"})
+    stored["output_id"] = new_dataset_id()
+    stored["tools"] = sorted(set(request.tools))
+    write_json_atomically(directory / "params.json", stored)
+    with ctx.db.session() as session:
+        session.add(
+            Collection(
+                id=collection_id,
+                name=request.name,
+                status=QUEUED,
+                params=stored,
+                prompt_count=len(request.prompts),
+                runs_per_prompt=request.runs_per_prompt,
+            )
+        )
+    _start_job(ctx, collection_id)
+    return get_collection(ctx, collection_id)
+
+
+def get_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        return _collection_record(session, _load(session, collection_id))
+
+
+def list_collections(
+    ctx: AppContext, status: str | None = None, limit: int = 50, cursor: str | None = None
+) -> dict[str, Any]:
+    query = select(Collection)
+    if status:
+        query = query.where(Collection.status == status)
+    if cursor:
+        created_at, last_id = decode_cursor(cursor)
+        query = query.where(
+            or_(
+                Collection.created_at < created_at,
+                and_(Collection.created_at == created_at, Collection.id < last_id),
+            )
+        )
+    limit = max(1, min(limit, MAX_PAGE))
+    with ctx.db.session() as session:
+        ordered = query.order_by(Collection.created_at.desc(), Collection.id.desc())
+        rows = list(session.scalars(ordered.limit(limit + 1)))
+        records = [_collection_record(session, row) for row in rows[:limit]]
+    next_cursor = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+    return {"collections": records, "count": len(records), "next_cursor": next_cursor}
+
+
+def list_items(
+    ctx: AppContext, collection_id: str, status: str | None = None, offset: int = 0, limit: int = 100
+) -> dict[str, Any]:
+    """Recorded outcomes in (prompt index, run index) order; pairs not yet run are not listed."""
+    offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
+    with ctx.db.session() as session:
+        _load(session, collection_id)
+        query = select(CollectionItem).where(CollectionItem.collection_id == collection_id)
+        if status:
+            query = query.where(CollectionItem.status == status)
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = session.scalars(
+            query.order_by(CollectionItem.prompt_index, CollectionItem.run_index).offset(offset).limit(limit)
+        ).all()
+        items = [_item_record(row) for row in rows]
+    following = offset + len(items)
+    return {
+        "collection_id": collection_id,
+        "offset": offset,
+        "limit": limit,
+        "total": total,
+        "next_offset": following if items and following < total else None,
+        "items": items,
+    }
+
+
+def resume_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
+    """A new job that runs every pair not yet kept or discarded (failed ones are tried again)."""
+    with ctx.db.session() as session:
+        collection = _load(session, collection_id)
+        if collection.status in (QUEUED, RUNNING, "completed"):
+            raise InvalidState(
+                f"collection {collection_id} is {collection.status}; only a cancelled or failed one resumes",
+                {"collection_id": collection_id, "status": collection.status},
+            )
+        collection.status, collection.error, collection.finished_at = QUEUED, None, None
+    _start_job(ctx, collection_id)
+    return get_collection(ctx, collection_id)
+
+
+def cancel_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        collection = _load(session, collection_id)
+        job = session.get(Job, collection.job_id) if collection.job_id else None
+        if job is None or job.status in TERMINAL:
+            details = {"collection_id": collection_id, "status": collection.status}
+            raise InvalidState(f"collection {collection_id} is not running", details)
+    ctx.jobs.cancel(job.id)
+    return get_collection(ctx, collection_id)
+
+
+def chat_api_key(ctx: AppContext, base_url: str) -> str:
+    """The key for a collection's endpoint: a configured key only for the hosts allowed to receive it."""
+    settings = ctx.settings
+    host = (urlsplit(base_url).hostname or "").lower()
+    allowed = [h.strip().lower() for h in settings.collection_key_hosts.split(":") if h.strip()]
+    if any(host == name or host.endswith("." + name) for name in allowed):
+        key = settings.collection_api_key or settings.openrouter_api_key
+        if key is not None:
+            return key.get_secret_value()
+    return "no-key"
+
+
+def _start_job(ctx: AppContext, collection_id: str) -> None:
+    with ctx.db.session() as session:
+        collection = _load(session, collection_id)
+        total = collection.prompt_count * collection.runs_per_prompt
+    job_id = ctx.jobs.submit(JOB_KIND, {"collection_id": collection_id}, total=total)
+    with ctx.db.session() as session:
+        session.get(Collection, collection_id).job_id = job_id  # type: ignore[union-attr]
+
+
+def _load(session: Any, collection_id: str) -> Collection:
+    validate_name(collection_id, "collection id")
+    collection = session.get(Collection, collection_id)
+    if collection is None:
+        raise CollectionNotFound(f"no collection with id {collection_id!r}", {"collection_id": collection_id})
+    return collection
+
+
+def item_counts(session: Any, collection_id: str) -> dict[str, int]:
+    rows = session.execute(
+        select(CollectionItem.status, func.count())
+        .where(CollectionItem.collection_id == collection_id)
+        .group_by(CollectionItem.status)
+    ).all()
+    return {status: count for status, count in rows}
+
+
+def _collection_record(session: Any, collection: Collection) -> dict[str, Any]:
+    counts = item_counts(session, collection.id)
+    total = collection.prompt_count * collection.runs_per_prompt
+    progress = {name: counts.get(name, 0) for name in (KEPT, DISCARDED, FAILED)}
+    job = session.get(Job, collection.job_id) if collection.job_id else None
+    params = {k: v for k, v in collection.params.items() if k != "output_id"}
+    return {
+        "id": collection.id,
+        "name": collection.name,
+        "status": collection.status,
+        "model": params.get("model", ""),
+        "base_url": params.get("base_url", ""),
+        "prompt_count": collection.prompt_count,
+        "runs_per_prompt": collection.runs_per_prompt,
+        "params": params,
+        "progress": {"total": total, **progress, "pending": total - sum(progress.values())},
+        "job_id": collection.job_id,
+        "job": job_record(job) if job is not None else None,
+        "dataset_id": collection.dataset_id,
+        "error": collection.error,
+        "created_at": collection.created_at,
+        "updated_at": collection.updated_at,
+        "finished_at": collection.finished_at,
+    }
+
+
+def _item_record(item: CollectionItem) -> dict[str, Any]:
+    return {
+        "prompt_index": item.prompt_index,
+        "run_index": item.run_index,
+        "status": item.status,
+        "reason": item.reason,
+        "api_calls": item.api_calls,
+        "tool_calls": item.tool_calls,
+        "has_reasoning": item.has_reasoning,
+        "completed": item.completed,
+        "attempts": item.attempts,
+        "finished_at": item.finished_at,
+    }
+
+
+def mark(ctx: AppContext, collection_id: str, **values: Any) -> None:
+    if values.get("status") in ("completed", "cancelled", "failed"):
+        values.setdefault("finished_at", utcnow())
+    with ctx.db.session() as session:
+        collection = session.get(Collection, collection_id)
+        if collection is not None:
+            for key, value in values.items():
+                setattr(collection, key, value)
