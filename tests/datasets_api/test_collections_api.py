@@ -1,0 +1,265 @@
+"""Collections end to end over HTTP against a real OpenAI-compatible server on loopback: the trainer's inference
+server with the tiny local model. Interrupted (cancelled, or the service stopped) and resumed, every
+(prompt, run) pair runs exactly once: the server's request count and the unchanged early trajectories show it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from service.db.engine import Database
+from service.db.models import CollectionItem, Job
+from service.settings import Settings
+from tests.datasets_api.chat_server import chat_server
+from tests.support.live import free_port, live_service
+from tests.support.waiting import wait_until
+from trainer.backends.local import LocalBackend
+from trainer.config import parse_config
+from trainer.inference_server import InferenceServer, create_app
+from trainer.tiny_model import init_tiny_model
+
+PROMPTS = ["Add 2 and 3.", "Name a colour.", "Add 2 and 3.", "Spell cat.", "Add 2 and 3."] * 2  # duplicates
+COLLECTION_KEY = "sk-collection-secret-42"
+OPENROUTER_KEY = "sk-or-secret-77"
+
+
+class TinyEndpoint:
+    def __init__(self, base_url: str, model: str) -> None:
+        self.base_url, self.model = base_url, model
+
+    def chat_calls(self) -> int:
+        return httpx.get(self.base_url.removesuffix("/v1") + "/health").json()["served"].get("chat_completions", 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyEndpoint]:
+    model_dir = init_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", seed=0)
+    port = free_port()
+    config = parse_config(
+        {
+            "env": {"rollout_server_url": "http://127.0.0.1:1"},
+            "tinker": {
+                "base_model": str(model_dir),
+                "run_dir": str(tmp_path_factory.mktemp("run")),
+                "inference_port": port,
+                "device": "cpu",
+            },
+        }
+    )
+    backend = LocalBackend(config)
+    server = InferenceServer(create_app(backend), "127.0.0.1", port)
+    server.start()
+    try:
+        yield TinyEndpoint(f"http://127.0.0.1:{port}/v1", backend.model_name)
+    finally:
+        server.stop()
+
+
+def request_body(endpoint: TinyEndpoint, **overrides: Any) -> dict[str, Any]:
+    body = {
+        "name": "tiny-collection",
+        "prompts": [{"prompt": text, "answer": "5", "task_id": i} for i, text in enumerate(PROMPTS)],
+        "base_url": endpoint.base_url,
+        "model": endpoint.model,
+        "runs_per_prompt": 2,
+        "concurrency": 1,
+        "max_turns": 1,
+        "max_tokens": 200,
+    }
+    return {**body, **overrides}
+
+
+def collection(client: httpx.Client, collection_id: str) -> dict[str, Any]:
+    response = client.get(f"/collections/{collection_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_status(client: httpx.Client, collection_id: str, *statuses: str, timeout: float = 180) -> dict[str, Any]:
+    return wait_until(
+        lambda: (found := collection(client, collection_id))["status"] in statuses and found,
+        timeout=timeout,
+        message=f"collection {collection_id} reaches {statuses}",
+    )
+
+
+def all_items(client: httpx.Client, collection_id: str) -> list[dict[str, Any]]:
+    return client.get(f"/collections/{collection_id}/items", params={"limit": 200}).json()["items"]
+
+
+def test_cancel_then_resume_runs_every_pair_exactly_once(
+    make_settings: Callable[..., Settings], tiny_endpoint: TinyEndpoint
+) -> None:
+    settings = make_settings()
+    calls_before = tiny_endpoint.chat_calls()
+    with live_service(settings) as live, live.client() as client:
+        created = client.post("/collections", json=request_body(tiny_endpoint))
+        assert created.status_code == 202, created.text
+        collection_id = created.json()["id"]
+        wait_until(
+            lambda: collection(client, collection_id)["progress"]["kept"] >= 3, timeout=120, message="3 items kept"
+        )
+        assert client.post(f"/collections/{collection_id}/cancel").status_code == 200
+        cancelled = wait_status(client, collection_id, "cancelled")
+        assert cancelled["job"]["status"] == "cancelled" and cancelled["dataset_id"] is None
+        early = {
+            path.stem: json.loads(path.read_text())
+            for path in (settings.data_path / "collections" / collection_id / "items").glob("*.json")
+        }
+        assert 3 <= len(early) == cancelled["progress"]["kept"] < 20
+        assert client.post(f"/collections/{collection_id}/cancel").status_code == 409
+
+        resumed = client.post(f"/collections/{collection_id}/resume")
+        assert resumed.status_code == 202 and resumed.json()["job_id"] != cancelled["job_id"]
+        done = wait_status(client, collection_id, "completed", "failed")
+        assert done["status"] == "completed", done["error"]
+        assert done["progress"] == {"total": 20, "kept": 20, "discarded": 0, "failed": 0, "pending": 0}
+        assert client.post(f"/collections/{collection_id}/resume").status_code == 409
+
+        items = all_items(client, collection_id)
+        pairs = [(item["prompt_index"], item["run_index"]) for item in items]
+        assert pairs == [(p, r) for p in range(10) for r in range(2)]
+        assert {item["attempts"] for item in items} == {1} and {item["api_calls"] for item in items} == {1}
+
+        records = [json.loads(line) for line in client.get(f"/datasets/{done['dataset_id']}/export").text.splitlines()]
+        stats = client.get(f"/datasets/{done['dataset_id']}/stats").json()["stats"]
+    assert tiny_endpoint.chat_calls() - calls_before == 20  # nothing ran twice
+    assert [(r["metadata"]["prompt_index"], r["metadata"]["run_index"]) for r in records] == pairs
+    for record in records:
+        key = f"{record['metadata']['prompt_index']}-{record['metadata']['run_index']}"
+        if key in early:
+            assert record == early[key]  # kept before the cancel, not run again after it
+        assert record["conversations"][0] == {"from": "human", "value": PROMPTS[record["metadata"]["prompt_index"]]}
+        assert record["metadata"]["answer"] == "5" and record["declared_tools"] == [
+            "terminal",
+            "read_file",
+            "write_file",
+        ]
+    assert stats["records"] == 20 and stats["api_calls"]["total"] == 20
+    assert stats["reasoning_stats"]["total_assistant_turns"] == 20 and stats["tool_calls"]["count"] == 0
+    assert not (settings.data_path / "collections" / collection_id / "sandboxes").exists() or not any(
+        (settings.data_path / "collections" / collection_id / "sandboxes").iterdir()
+    )
+
+
+def test_a_service_restart_resumes_and_discarded_pairs_are_not_run_again(
+    make_settings: Callable[..., Settings], tiny_endpoint: TinyEndpoint
+) -> None:
+    settings = make_settings()
+    calls_before = tiny_endpoint.chat_calls()
+    body = request_body(tiny_endpoint, discard_without_reasoning=True, concurrency=2, runs_per_prompt=3)
+    with live_service(settings) as live, live.client() as client:
+        collection_id = client.post("/collections", json=body).json()["id"]
+        first_job = wait_until(
+            lambda: (c := collection(client, collection_id))["progress"]["discarded"] >= 3 and c["job_id"],
+            timeout=120,
+            message="3 items discarded",
+        )
+    # The service stopped mid-way; its job stays `running` until the next start resumes it.
+    database = Database(settings.sqlalchemy_url)
+    with database.session() as session:
+        assert session.get(Job, first_job).status == "running"
+        recorded = session.scalar(select(func.count()).where(CollectionItem.collection_id == collection_id))
+    database.dispose()
+    assert 3 <= recorded < 30
+    with live_service(settings) as live, live.client() as client:
+        done = wait_status(client, collection_id, "completed", "failed")
+        assert done["status"] == "completed", done["error"]
+        assert done["job_id"] == first_job and done["job"]["status"] == "succeeded"
+        items = all_items(client, collection_id)
+        dataset = client.get(f"/datasets/{done['dataset_id']}").json()
+    # The tiny model never reasons: every trajectory is discarded, each exactly once, and recorded as such.
+    assert [(i["prompt_index"], i["run_index"]) for i in items] == [(p, r) for p in range(10) for r in range(3)]
+    assert {(i["status"], i["reason"], i["attempts"]) for i in items} == {("discarded", "no_reasoning", 1)}
+    assert tiny_endpoint.chat_calls() - calls_before == 30
+    assert dataset["record_count"] == 0 and dataset["report"]["discarded"] == 30
+
+
+def test_tool_calls_run_in_the_sandbox_and_keys_go_only_to_allowed_hosts(
+    make_settings: Callable[..., Settings],
+) -> None:
+    # The tiny model emits random text and never calls a tool: a scripted model stands in for an agent model.
+    def agent(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        assert [t["function"]["name"] for t in body["tools"]] == ["terminal", "read_file", "write_file"]
+        turn = sum(1 for message in body["messages"] if message["role"] == "assistant")
+        script = [
+            {
+                "content": "",
+                "reasoning_content": "Write the note first.",
+                "tool_calls": [_call("a", "write_file", {"path": "notes/n.txt", "content": "hello"})],
+            },
+            {
+                "content": "Now read it.",
+                "tool_calls": [
+                    _call("b", "terminal", {"command": "cat notes/n.txt; echo k=${OPENROUTER_API_KEY:-none}"}),
+                    _call("c", "read_file", {"path": "../../etc/passwd"}),
+                ],
+            },
+            {"content": "<think>The note says hello.</think>The note says hello."},
+        ]
+        return 200, script[turn]
+
+    with chat_server(agent) as model:
+        settings = make_settings(openrouter_api_key=OPENROUTER_KEY, collection_api_key=COLLECTION_KEY)
+        body = {
+            "name": "scripted",
+            "prompts": [{"prompt": "Leave a note."}, {"prompt": "Leave a note."}],
+            "base_url": model.base_url,
+            "model": "scripted",
+            "concurrency": 2,
+            "max_turns": 5,
+        }
+        with live_service(settings) as live, live.client() as client:
+            done_id = client.post("/collections", json=body).json()["id"]
+            done = wait_status(client, done_id, "completed", "failed", timeout=60)
+            assert done["status"] == "completed", done["error"]
+            stats = client.get(f"/datasets/{done['dataset_id']}/stats").json()["stats"]
+            records = client.get(f"/datasets/{done['dataset_id']}/records").json()["records"]
+            responses = json.dumps(done) + json.dumps(records)
+        assert set(model.authorizations) == {"Bearer no-key"}  # loopback is not an allowed host for the keys
+
+        allowed = make_settings(collection_api_key=COLLECTION_KEY, collection_key_hosts="127.0.0.1")
+        with live_service(allowed) as live, live.client() as client:
+            second = client.post("/collections", json={**body, "runs_per_prompt": 2, "name": "keyed"}).json()["id"]
+            assert wait_status(client, second, "completed", "failed", timeout=60)["status"] == "completed"
+        assert model.authorizations[-1] == f"Bearer {COLLECTION_KEY}"
+
+    assert stats["tool_stats"]["write_file"] == {**stats["tool_stats"]["write_file"], "count": 4, "success": 4}
+    assert stats["tool_stats"]["terminal"]["success"] == 4
+    assert stats["tool_stats"]["read_file"] == {**stats["tool_stats"]["read_file"], "count": 4, "failure": 4}
+    assert stats["reasoning_stats"]["records_with_reasoning"] == 4 and stats["completion_rate"] == 1.0
+    terminal = [t for t in records[0]["conversations"] if t.get("name") == "terminal"][0]["value"]
+    assert "hello" in terminal and "k=none" in terminal  # ran in the sandbox, without the service's secrets
+    assert records[0]["conversations"][1]["value"].startswith("<think>\nWrite the note first.\n</think>")
+    for secret in (COLLECTION_KEY, OPENROUTER_KEY):
+        assert secret not in responses
+        assert all(secret.encode() not in p.read_bytes() for p in settings.data_path.rglob("*") if p.is_file())
+
+
+def test_collection_requests_are_validated(service: Any) -> None:
+    base = {"name": "v", "prompts": [{"prompt": "x"}], "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    with service.client() as client:
+        for change in (
+            {"runs_per_prompt": 1},
+            {"base_url": "file:///etc/passwd"},
+            {"api_key": "sk-from-the-request"},
+            {"prompts": []},
+            {"prompts": [{"answer": "no prompt"}]},
+            {"tools": ["browser"]},
+            {"name": "../x"},
+        ):
+            response = client.post("/collections", json={**base, **change})
+            assert response.status_code == 422, change
+        assert client.get("/collections").json()["count"] == 0
+        assert client.get("/collections/colmissing").status_code == 404
+        assert client.post("/collections/colmissing/resume").status_code == 404
+        assert client.get("/collections/..").status_code in (404, 422)
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
