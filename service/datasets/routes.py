@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
 from service.context import AppContext
@@ -301,7 +302,10 @@ class _Upload:
 async def _receive_upload(ctx: AppContext, request: Request) -> _Upload:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
-        form = await request.form(max_files=1, max_fields=8)
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except StarletteHTTPException as error:  # malformed multipart, too many parts
+            raise ValidationFailed(f"the multipart body cannot be read: {error.detail}") from None
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             await form.close()
