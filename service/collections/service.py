@@ -125,10 +125,11 @@ def resume_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
     """A new job that runs every pair not yet kept or discarded (failed ones are tried again)."""
     with ctx.db.session() as session:
         collection = _load(session, collection_id)
-        if collection.status in (QUEUED, RUNNING, "completed"):
+        status = effective_status(session, collection)
+        if status in (QUEUED, RUNNING, "completed"):
             raise InvalidState(
-                f"collection {collection_id} is {collection.status}; only a cancelled or failed one resumes",
-                {"collection_id": collection_id, "status": collection.status},
+                f"collection {collection_id} is {status}; only a cancelled or failed one resumes",
+                {"collection_id": collection_id, "status": status},
             )
         collection.status, collection.error, collection.finished_at = QUEUED, None, None
     _start_job(ctx, collection_id)
@@ -184,6 +185,15 @@ def item_counts(session: Any, collection_id: str) -> dict[str, int]:
     return {status: count for status, count in rows}
 
 
+def effective_status(session: Any, collection: Collection) -> str:
+    """The stored status, unless its job ended without the handler saying so (cancelled while still queued)."""
+    if collection.status in (QUEUED, RUNNING) and collection.job_id:
+        job = session.get(Job, collection.job_id)
+        if job is not None and job.status in TERMINAL:
+            return {"succeeded": "completed"}.get(job.status, job.status)
+    return collection.status
+
+
 def _collection_record(session: Any, collection: Collection) -> dict[str, Any]:
     counts = item_counts(session, collection.id)
     total = collection.prompt_count * collection.runs_per_prompt
@@ -193,7 +203,7 @@ def _collection_record(session: Any, collection: Collection) -> dict[str, Any]:
     return {
         "id": collection.id,
         "name": collection.name,
-        "status": collection.status,
+        "status": effective_status(session, collection),
         "model": params.get("model", ""),
         "base_url": params.get("base_url", ""),
         "prompt_count": collection.prompt_count,

@@ -204,7 +204,10 @@ def export_dataset(ctx: AppContext, dataset_id: str, fmt: str = "rlctl") -> Iter
     _check_choice("format", fmt, ("rlctl", "sharegpt"))
     get_dataset(ctx, dataset_id)
     path = dataset_store(ctx).files(dataset_id).records
-    handle = path.open("rb")  # opened now: a deletion during the download does not cut it short
+    try:
+        handle = path.open("rb")  # opened now: a deletion during the download does not cut it short
+    except FileNotFoundError:
+        raise DatasetNotFound(f"dataset {dataset_id} was just deleted", {"dataset_id": dataset_id}) from None
     if fmt == "rlctl":
         return _chunks_of(handle)
     return _sharegpt_lines(handle)

@@ -5,6 +5,7 @@ server with the tiny local model. Interrupted (cancelled, or the service stopped
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -263,3 +264,24 @@ def test_collection_requests_are_validated(service: Any) -> None:
 
 def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def test_a_collection_cancelled_while_queued_can_resume(make_settings: Callable[..., Settings]) -> None:
+    release = threading.Event()
+
+    def held(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:  # answers once the test lets it
+        release.wait(timeout=60)
+        return 200, {"content": "<think>ok</think>done"}
+
+    with chat_server(held) as model, live_service(make_settings(job_workers=1)) as live, live.client() as client:
+        body = {"name": "held", "prompts": [{"prompt": "x"}], "base_url": model.base_url, "model": "m"}
+        first = client.post("/collections", json=body).json()["id"]
+        wait_until(lambda: len(model.requests) >= 1, timeout=30, message="the first collection is running")
+        second = client.post("/collections", json=body).json()
+        assert second["status"] == "queued" and second["job"]["status"] == "queued"
+        assert client.post(f"/collections/{second['id']}/cancel").json()["status"] == "cancelled"
+        assert client.post(f"/collections/{second['id']}/resume").status_code == 202
+        release.set()
+        for collection_id in (first, second["id"]):
+            done = wait_status(client, collection_id, "completed", "failed", timeout=60)
+            assert done["status"] == "completed" and done["progress"]["kept"] == 2, done
