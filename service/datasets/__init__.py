@@ -1,7 +1,7 @@
-"""Pure trajectory-dataset logic: import, convert, stats, filter, compress, score and export records.
-
-Nothing here does I/O beyond what the caller hands in (lines, records); the REST routes, storage and jobs
-build on these functions one record at a time.
+"""Trajectory datasets. The pure logic (import, convert, stats, filter, compress, score, export records) does no
+I/O beyond what the caller hands in (lines, records) and is exported here; the service modules beside it
+(`routes`, `service`, `operations`, `store`, `builder`, `uploads`, `tokenizers`, `env_scorer`) build on it one
+record at a time. See docs/DATASETS.md.
 """
 
 from service.datasets.compression import (
