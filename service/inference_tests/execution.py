@@ -188,7 +188,8 @@ def run_inference_test(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     workers = min(ctx.settings.inference_test_concurrency, len(plan.models))
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"inference-test-{plan.job_id}") as pool:
-            outcomes = list(pool.map(lambda model: _run_isolated(ctx, plan, model, key, tracker, handle), plan.models))
+            runs = [ModelRun(ctx, plan, model, key, tracker, handle) for model in plan.models]
+            outcomes = list(pool.map(ModelRun.run_isolated, runs))
     finally:
         shutil.rmtree(plan.work_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # still in use by another test
@@ -227,95 +228,108 @@ def _plan(ctx: AppContext, handle: JobHandle) -> TestPlan:
     )
 
 
-def _run_isolated(
-    ctx: AppContext, plan: TestPlan, model: str, key: str | None, tracker: ProgressTracker, handle: JobHandle
-) -> ModelOutcome:
-    """One model's failure of any kind is that model's result; the others go on."""
-    try:
-        return _run_model(ctx, plan, model, key, tracker, handle)
-    except Exception as error:  # noqa: BLE001 - reported as this model's error
-        logger.exception("inference test %s: model %s could not be run", plan.job_id, model)
-        tracker.ended(model)
-        return ModelOutcome(model=model, error=ctx.scrub(f"could not run this model: {type(error).__name__}: {error}"))
+class ModelRun:
+    """One model's run: its child process, its files, its outcome."""
 
+    def __init__(
+        self,
+        ctx: AppContext,
+        plan: TestPlan,
+        model: str,
+        key: str | None,
+        tracker: ProgressTracker,
+        handle: JobHandle,
+    ) -> None:
+        self.ctx, self.plan, self.model, self.tracker, self.handle = ctx, plan, model, tracker, handle
+        self.scrub = _scrubber(ctx, key)
+        self.key = key
+        self.stem = result_file_stem(plan.environment, model)
+        self.work = plan.work_dir / self.stem
+        self.reader = RecordReader(self.work / "records.jsonl")
 
-def _run_model(
-    ctx: AppContext, plan: TestPlan, model: str, key: str | None, tracker: ProgressTracker, handle: JobHandle
-) -> ModelOutcome:
-    stem = result_file_stem(plan.environment, model)
-    work = plan.work_dir / stem
-    work.mkdir(parents=True, exist_ok=True)
-    config_path, records_path, log_path = work / "config.yaml", work / "records.jsonl", work / f"{stem}.log"
-    config_path.write_text(yaml.safe_dump(test_config(plan, ctx.settings, model, work / "groups" / "groups.jsonl")))
-    reader = RecordReader(records_path)
-    started = time.monotonic()
-    with log_path.open("w", encoding="utf-8") as log:
-        log.write(_header(plan, model))
-        log.flush()
-        stop_reason, exit_text = _supervise(ctx, plan, model, key, work, log, reader, tracker, handle)
-        reader.read()
-        wall_time_s = time.monotonic() - started
-        error = _model_error(plan, reader, stop_reason, exit_text)
-        error = _scrubber(ctx, key)(error) if error else None
-        log.write(f"[inference test] {model}: {len(reader.steps)} steps; {error or 'finished'}\n")
-    files = _publish(plan, stem, model, reader.steps, log_path, _scrubber(ctx, key))
-    tracker.ended(model)
-    return ModelOutcome(model=model, steps=reader.steps, error=error, wall_time_s=wall_time_s, files=files)
-
-
-def _supervise(
-    ctx: AppContext,
-    plan: TestPlan,
-    model: str,
-    key: str | None,
-    work: Path,
-    log: IO[str],
-    reader: RecordReader,
-    tracker: ProgressTracker,
-    handle: JobHandle,
-) -> tuple[str | None, str]:
-    """Run the child to its end, its time-out or a cancel. Returns (why it was stopped, how it exited)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "service.inference_tests.child",
-        str(plan.env_file),
-        plan.class_name,
-        str(work / "config.yaml"),
-        str(work / "records.jsonl"),
-    ]
-    popen = subprocess.Popen(
-        argv,
-        cwd=work,
-        env=child_environment(ctx.settings, key),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: a time-out kills everything it started
-        close_fds=True,
-    )
-    process = SupervisedProcess(f"inference-{model}", _identity(popen), log_path=Path(log.name), popen=popen)
-    assert popen.stdout is not None
-    pump = threading.Thread(target=pump_output, args=(popen.stdout, log, _scrubber(ctx, key)), daemon=True)
-    pump.start()
-    deadline = time.monotonic() + plan.timeout_s
-    stop_reason = None
-    while stop_reason is None:
+    def run_isolated(self) -> ModelOutcome:
+        """One model's failure of any kind is that model's result; the others go on."""
         try:
-            popen.wait(timeout=WAIT_INTERVAL_S)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        reader.read()
-        tracker.steps(model, len(reader.steps))
-        if handle.cancelled:
-            stop_reason = "cancelled"
-        elif time.monotonic() >= deadline:
-            stop_reason = "timed_out"
-    status = process.terminate(grace_s=STOP_GRACE_S) if stop_reason else process.poll()
-    pump.join(timeout=30)
-    popen.stdout.close()
-    return stop_reason, status.describe() if status else "ended"
+            return self.run()
+        except Exception as error:  # noqa: BLE001 - reported as this model's error
+            logger.exception("inference test %s: model %s could not be run", self.plan.job_id, self.model)
+            self.tracker.ended(self.model)
+            message = self.scrub(f"could not run this model: {type(error).__name__}: {error}")
+            return ModelOutcome(model=self.model, steps=self.reader.steps, error=message)
+
+    def run(self) -> ModelOutcome:
+        if self.handle.cancelled:  # waited for a free slot while the test was cancelled
+            self.tracker.ended(self.model)
+            return ModelOutcome(self.model, error="cancelled before it started")
+        self.work.mkdir(parents=True, exist_ok=True)
+        config = test_config(self.plan, self.ctx.settings, self.model, self.work / "groups" / "groups.jsonl")
+        (self.work / "config.yaml").write_text(yaml.safe_dump(config))
+        log_path = self.work / f"{self.stem}.log"
+        started = time.monotonic()
+        with log_path.open("w", encoding="utf-8") as log:
+            log.write(_header(self.plan, self.model))
+            log.flush()
+            stop_reason, exit_text = self._supervise(log)
+            self.reader.read()
+            error = _model_error(self.plan, self.reader, stop_reason, exit_text)
+            error = self.scrub(error) if error else None
+            log.write(f"[inference test] {self.model}: {len(self.reader.steps)} steps; {error or 'finished'}\n")
+        wall_time_s = time.monotonic() - started
+        files = _publish(self.plan, self.stem, self.model, self.reader.steps, log_path, self.scrub)
+        self.tracker.ended(self.model)
+        return ModelOutcome(self.model, steps=self.reader.steps, error=error, wall_time_s=wall_time_s, files=files)
+
+    def _supervise(self, log: IO[str]) -> tuple[str | None, str]:
+        """Run the child to its end, its time-out or a cancel. Returns (why it was stopped, how it exited)."""
+        popen = subprocess.Popen(
+            self._argv(),
+            cwd=self.work,
+            env=child_environment(self.ctx.settings, self.key),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a time-out kills everything it started
+            close_fds=True,
+        )
+        process = SupervisedProcess(f"inference-{self.model}", _identity(popen), Path(log.name), popen)
+        assert popen.stdout is not None
+        pump = threading.Thread(target=pump_output, args=(popen.stdout, log, self.scrub), daemon=True)
+        pump.start()
+        stop_reason = None
+        try:
+            stop_reason = self._wait(popen)
+        finally:
+            # Whatever happened here (a time-out, a cancel, an error of ours), the child does not outlive it.
+            status = process.terminate(grace_s=STOP_GRACE_S)
+            pump.join(timeout=30)
+            popen.stdout.close()
+        return stop_reason, status.describe() if status else "ended"
+
+    def _wait(self, popen: subprocess.Popen) -> str | None:
+        deadline = time.monotonic() + self.plan.timeout_s
+        while True:
+            try:
+                popen.wait(timeout=WAIT_INTERVAL_S)
+                return None
+            except subprocess.TimeoutExpired:
+                pass
+            self.reader.read()
+            self.tracker.steps(self.model, len(self.reader.steps))
+            if self.handle.cancelled:
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "timed_out"
+
+    def _argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "service.inference_tests.child",
+            str(self.plan.env_file),
+            self.plan.class_name,
+            str(self.work / "config.yaml"),
+            str(self.work / "records.jsonl"),
+        ]
 
 
 def _identity(popen: subprocess.Popen) -> ProcessIdentity:

@@ -44,9 +44,9 @@ def tiny_model_endpoint(model_dir: Path, run_dir: Path, model_names: Sequence[st
         server.stop()
 
 
-def fault_app(upstream: str) -> FastAPI:
+def fault_app(upstream: str, delay_s: float = 0.0) -> FastAPI:
     """Chat completions: STALLED_MODEL waits until the client goes, GARBLED_MODEL gets a 200 that is no completion,
-    every other model is passed to `upstream` unchanged."""
+    every other model is passed to `upstream` unchanged, after `delay_s` (a remote endpoint's round trip)."""
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -58,6 +58,7 @@ def fault_app(upstream: str) -> FastAPI:
             return JSONResponse({}, status_code=499)
         if body.get("model") == GARBLED_MODEL:
             return JSONResponse({"unexpected": "not a completion"})
+        await asyncio.sleep(delay_s)
         async with httpx.AsyncClient(timeout=120) as client:
             answer = await client.post(f"{upstream}/chat/completions", json=body)
         return JSONResponse(answer.json(), status_code=answer.status_code)
@@ -66,11 +67,10 @@ def fault_app(upstream: str) -> FastAPI:
 
 
 @contextmanager
-def fault_endpoint(upstream: str) -> Iterator[str]:
+def fault_endpoint(upstream: str, delay_s: float = 0.0) -> Iterator[str]:
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(fault_app(upstream), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
+    app = fault_app(upstream, delay_s)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name=f"fault-endpoint-{port}", daemon=True)
     thread.start()
     try:
