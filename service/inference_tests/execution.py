@@ -49,7 +49,7 @@ def output_directory(settings: Settings) -> Path:
 
 
 @dataclass(frozen=True)
-class TestPlan:
+class InferencePlan:
     job_id: str
     environment: str
     env_file: Path
@@ -67,7 +67,7 @@ class TestPlan:
         return self.output_dir / ".work" / self.job_id
 
 
-def test_config(plan: TestPlan, settings: Settings, model: str, groups_path: Path) -> dict[str, Any]:
+def process_config(plan: InferencePlan, settings: Settings, model: str, groups_path: Path) -> dict[str, Any]:
     """The YAML of one model's `process` run: caller's edits < locked values < what a test needs. No key."""
     env = {
         **plan.edits,
@@ -207,13 +207,13 @@ def run_inference_test(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     }
 
 
-def _plan(ctx: AppContext, handle: JobHandle) -> TestPlan:
+def _plan(ctx: AppContext, handle: JobHandle) -> InferencePlan:
     params = handle.params
     try:
         env = ctx.catalog.get(params["environment"])
     except ServiceError as error:
         raise JobFailed(error.message) from error
-    return TestPlan(
+    return InferencePlan(
         job_id=handle.job_id,
         environment=env.name,
         env_file=env.file_path,
@@ -234,7 +234,7 @@ class ModelRun:
     def __init__(
         self,
         ctx: AppContext,
-        plan: TestPlan,
+        plan: InferencePlan,
         model: str,
         key: str | None,
         tracker: ProgressTracker,
@@ -262,7 +262,7 @@ class ModelRun:
             self.tracker.ended(self.model)
             return ModelOutcome(self.model, error="cancelled before it started")
         self.work.mkdir(parents=True, exist_ok=True)
-        config = test_config(self.plan, self.ctx.settings, self.model, self.work / "groups" / "groups.jsonl")
+        config = process_config(self.plan, self.ctx.settings, self.model, self.work / "groups" / "groups.jsonl")
         (self.work / "config.yaml").write_text(yaml.safe_dump(config))
         log_path = self.work / f"{self.stem}.log"
         started = time.monotonic()
@@ -348,7 +348,7 @@ def _scrubber(ctx: AppContext, key: str | None) -> Callable[[str], str]:
     return scrub
 
 
-def _model_error(plan: TestPlan, reader: RecordReader, stop_reason: str | None, exit_text: str) -> str | None:
+def _model_error(plan: InferencePlan, reader: RecordReader, stop_reason: str | None, exit_text: str) -> str | None:
     done = f"{len(reader.steps)} of {plan.num_steps} steps done"
     if stop_reason == "timed_out":
         return f"timed out after {plan.timeout_s:g} s ({done})"
@@ -362,7 +362,7 @@ def _model_error(plan: TestPlan, reader: RecordReader, stop_reason: str | None, 
 
 
 def _publish(
-    plan: TestPlan, stem: str, model: str, steps: list[dict[str, Any]], log_path: Path, scrub: Callable[[str], str]
+    plan: InferencePlan, stem: str, model: str, steps: list[dict[str, Any]], log_path: Path, scrub: Callable[[str], str]
 ) -> dict[str, str]:
     """Move this model's files into the output directory, each replaced whole."""
     plan.output_dir.mkdir(parents=True, exist_ok=True)
@@ -377,7 +377,7 @@ def _publish(
     return files
 
 
-def _header(plan: TestPlan, model: str) -> str:
+def _header(plan: InferencePlan, model: str) -> str:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     return (
         f"[inference test] job {plan.job_id} started {started}: environment {plan.environment}, model {model}, "
