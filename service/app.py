@@ -17,6 +17,7 @@ from service.db import migrate
 from service.environments.routes import router as environments_router
 from service.health.routes import router as health_router
 from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from service.inference_tests.routes import router as inference_tests_router
 from service.jobs.kinds import register_job_kinds
 from service.jobs.routes import router as jobs_router
 from service.jobs.runner import JobRunner
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(runs_router, dependencies=protected)
     app.include_router(run_logs_router, dependencies=protected)
     app.include_router(jobs_router, dependencies=protected)
+    app.include_router(inference_tests_router, dependencies=protected)
     app.include_router(tools_router, dependencies=protected)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))

@@ -30,6 +30,7 @@ SECRET_ENV_NAMES = frozenset(
         "RLCTL_WANDB_API_KEY",
         "OPENROUTER_API_KEY",
         "RLCTL_OPENROUTER_API_KEY",
+        "RLCTL_INFERENCE_API_KEY",
     }
 )
 
@@ -74,6 +75,15 @@ class Settings(BaseSettings):
     openrouter_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("OPENROUTER_API_KEY", "RLCTL_OPENROUTER_API_KEY")
     )
+
+    # --- inference tests (SPEC §8): which endpoint gets which key; a key goes to its own endpoint only ---
+    openrouter_base_url: str = Field(
+        "https://openrouter.ai/api/v1", description="Default endpoint of inference tests; OPENROUTER_API_KEY's."
+    )
+    inference_base_url: str | None = Field(None, description="Another OpenAI-compatible endpoint with a key.")
+    inference_api_key: SecretStr | None = Field(None, description="The key of inference_base_url.")
+    inference_test_concurrency: int = Field(3, ge=1, le=32, description="Models of one inference test at once.")
+    inference_test_timeout_s: float = Field(900, gt=0, description="Time one model of an inference test may take.")
 
     # --- locked run fields (SPEC §4), tinker backend ---
     tokenizer_name: str = "Qwen/Qwen3-8B"
@@ -129,7 +139,13 @@ class Settings(BaseSettings):
     @property
     def secret_values(self) -> list[str]:
         """Every configured secret, so log and response scrubbers can look for them."""
-        secrets = [self.api_token, self.tinker_api_key, self.wandb_api_key, self.openrouter_api_key]
+        secrets = [
+            self.api_token,
+            self.tinker_api_key,
+            self.wandb_api_key,
+            self.openrouter_api_key,
+            self.inference_api_key,
+        ]
         return [s.get_secret_value() for s in secrets if s and s.get_secret_value()]
 
 

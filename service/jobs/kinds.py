@@ -7,3 +7,6 @@ from service.jobs.runner import JobRunner
 
 def register_job_kinds(runner: JobRunner) -> None:
     """Datasets, inference tests and collections add their kinds here."""
+    from service.inference_tests import service as inference_tests
+
+    inference_tests.register(runner)

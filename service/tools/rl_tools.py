@@ -51,7 +51,7 @@ def select_environment(ctx: AppContext, state: SessionState, args: dict[str, Any
 
 
 def get_current_config(ctx: AppContext, state: SessionState, _args: dict[str, Any]) -> dict[str, Any]:
-    environment = _selected(ctx, state)
+    environment = selected_environment(ctx, state)
     detail = environments.describe_environment(ctx, environment, state.pending_config.get("backend"))
     return {
         "environment": environment,
@@ -70,7 +70,7 @@ def get_current_config(ctx: AppContext, state: SessionState, _args: dict[str, An
 
 
 def edit_config(ctx: AppContext, state: SessionState, args: dict[str, Any]) -> dict[str, Any]:
-    environment = _selected(ctx, state)
+    environment = selected_environment(ctx, state)
     field, value = args["field"], args["value"]
     edits = {**state.pending_config, field: value}
     environments.preview_config(ctx, environment, edits)  # validates type, lock and cross-field rules
@@ -80,7 +80,7 @@ def edit_config(ctx: AppContext, state: SessionState, args: dict[str, Any]) -> d
 
 
 def start_training(ctx: AppContext, state: SessionState, args: dict[str, Any]) -> dict[str, Any]:
-    environment = _selected(ctx, state)
+    environment = selected_environment(ctx, state)
     edits = {k: v for k, v in state.pending_config.items() if k != "backend"}
     backend = args.get("backend") or state.pending_config.get("backend")
     run, _created = runs.create_run(ctx, ctx.runs, environment, edits, backend)
@@ -178,7 +178,7 @@ def list_runs(ctx: AppContext, _state: SessionState, args: dict[str, Any]) -> di
     }
 
 
-def _selected(ctx: AppContext, state: SessionState) -> str:
+def selected_environment(ctx: AppContext, state: SessionState) -> str:
     if not state.selected_environment:
         available = [e["name"] for e in environments.list_environments(ctx)["environments"]]
         raise ValidationFailed(

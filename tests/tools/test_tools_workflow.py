@@ -125,7 +125,7 @@ def test_tool_schemas_are_strict_function_calling_schemas(service: LiveService) 
     with service.client() as client:
         tools = client.get("/tools").json()["tools"]
     names = [t["function"]["name"] for t in tools]
-    assert names[:9] == [
+    assert names[:10] == [
         "rl_list_environments",
         "rl_select_environment",
         "rl_get_current_config",
@@ -135,6 +135,7 @@ def test_tool_schemas_are_strict_function_calling_schemas(service: LiveService) 
         "rl_stop_training",
         "rl_get_results",
         "rl_list_runs",
+        "rl_test_inference",
     ]
     for tool in tools:
         function = tool["function"]
