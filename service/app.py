@@ -19,6 +19,7 @@ from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_e
 from service.jobs.kinds import register_job_kinds
 from service.jobs.routes import router as jobs_router
 from service.jobs.runner import JobRunner
+from service.monitoring import install_monitoring
 from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import router as runs_router
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(run_logs_router, dependencies=protected)
     app.include_router(jobs_router, dependencies=protected)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
+    install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
     app.add_middleware(RequestIdMiddleware)
     return app
 
