@@ -24,6 +24,7 @@ from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import router as runs_router
 from service.settings import Settings
+from service.ui.routes import router as ui_router
 
 logger = logging.getLogger("rlctl")
 
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.state.context = context
     install_error_handlers(app)
     app.include_router(health_router)
+    app.include_router(ui_router)  # a static page; its API calls carry the token
     protected = [Depends(require_token)]
     app.include_router(environments_router, dependencies=protected)
     app.include_router(runs_router, dependencies=protected)
