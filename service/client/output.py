@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-MAX_CELL = 60
+MAX_CELL = 60  # for free text and JSON in tables; ids, paths and numbers are never cut
+TRUNCATED_COLUMNS = frozenset({"description", "error", "message"})
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:
@@ -23,8 +24,11 @@ def cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict | list):
-        value = json.dumps(value, default=str)
-    text = _short_time(value) if isinstance(value, str) else str(value)
+        return _cut(json.dumps(value, default=str))
+    return _short_time(value) if isinstance(value, str) else str(value)
+
+
+def _cut(text: str) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
@@ -39,7 +43,7 @@ def _short_time(text: str) -> str:
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None) -> str:
     headers = list(headers or columns)
-    cells = [[cell(row.get(column)) for column in columns] for row in rows]
+    cells = [[_cut(cell(row.get(c))) if c in TRUNCATED_COLUMNS else cell(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
