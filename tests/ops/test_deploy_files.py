@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,7 +187,7 @@ def test_the_example_env_file_alone_does_not_expose_the_service(tmp_path: Path) 
     env.update(RLCTL_DATA_DIR=str(tmp_path), RLCTL_DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite'}")
     serve = rlctl_invocations(service["command"])[-1]
     result = subprocess.run(
-        [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "service.cli", *serve],
+        [sys.executable, "-m", "service.cli", *serve],
         env={**env, "PATH": os.environ["PATH"]},  # the image's PATH names its venv; this runs the checkout's
         cwd=REPO_ROOT,
         capture_output=True,
