@@ -15,6 +15,7 @@ from service.observability import request_id_var
 access_logger = logging.getLogger("rlctl.access")
 UNMATCHED_ROUTE = "unmatched"  # one label for every path no route matched, so scanners cannot blow up the series
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others count as OTHER
 
 
 class HttpMetrics:
@@ -90,11 +91,14 @@ class AccessMiddleware:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            self._record(scope, status, time.perf_counter() - started)
+            try:
+                self._record(scope, status, time.perf_counter() - started)
+            except Exception:  # noqa: BLE001 - bookkeeping must never change a response
+                logging.getLogger("rlctl.monitoring").exception("recording a request failed")
 
     def _record(self, scope: Scope, status: int, duration_s: float) -> None:
         method, route = scope["method"], route_template(scope, self.templates)
-        self.metrics.observe(method, route, status, duration_s)
+        self.metrics.observe(method if method in KNOWN_METHODS else "OTHER", route, status, duration_s)
         duration_ms = round(duration_s * 1000, 1)
         fields = {
             "method": method,

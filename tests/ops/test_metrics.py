@@ -49,6 +49,7 @@ def test_http_requests_are_counted_by_route_and_logged_with_their_request_id(
             answer = client.get(f"/runs/{run_id}", headers={"X-Request-ID": f"req-{run_id}"})
             assert answer.json()["error"]["request_id"] == f"req-{run_id}"
         assert client.get("/no/such/path").status_code == 404
+        assert client.request("PROPFIND", "/healthz").status_code == 405
         too_large = client.post("/runs", content=b"{" * 2000, headers={"Content-Type": "application/json"})
         assert too_large.status_code == 413
         assert httpx.get(f"{live.base_url}/metrics").status_code == 401  # behind the token, like the API
@@ -58,8 +59,9 @@ def test_http_requests_are_counted_by_route_and_logged_with_their_request_id(
     assert value(samples, "rlctl_http_request_duration_seconds_count", method="GET", route="/runs/{run_id}") == 2
     assert value(samples, "rlctl_http_requests_total", method="GET", route="unmatched", status="404") == 1
     assert value(samples, "rlctl_http_requests_total", method="POST", route="/runs", status="413") == 1
+    assert value(samples, "rlctl_http_requests_total", method="OTHER", route="/healthz", status="405") == 1
     labels = {v for name, pairs in samples for _, v in pairs}
-    assert not {"/runs/missing-1", "/no/such/path"} & labels, "raw paths would make a series per id"
+    assert not {"/runs/missing-1", "/no/such/path", "PROPFIND"} & labels, "a series per id or verb would be unbounded"
 
     access = {r.request_id: r for r in caplog.records if r.name == "rlctl.access"}  # type: ignore[attr-defined]
     first = access["req-missing-1"]
