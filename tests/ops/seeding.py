@@ -68,3 +68,14 @@ def seed_run(settings: Settings, seeded: SeededRun) -> SeededRun:
         paths.log(role).parent.mkdir(parents=True, exist_ok=True)
         paths.log(role).write_text(text)
     return seeded
+
+
+def record_step(settings: Settings, run_id: str, step: int, values: dict[str, float]) -> None:
+    """A new training step of a seeded run, as the supervisor's ingestion records it."""
+    db = Database(settings.sqlalchemy_url)
+    try:
+        with db.session() as session:
+            upsert_metrics(session, run_id, [(name, step, value) for name, value in values.items()])
+            session.get(Run, run_id).last_step = step  # type: ignore[union-attr]
+    finally:
+        db.dispose()

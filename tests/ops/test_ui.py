@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import build_settings
-from tests.ops.seeding import SeededRun, seed_run
+from tests.ops.seeding import SeededRun, record_step, seed_run
 from tests.support.browser import Browser, chromium_executable, headless_chromium
 from tests.support.live import LiveService, live_service
 from tests.support.png import read_png
@@ -60,6 +60,7 @@ def test_the_page_plots_a_runs_reward_curve_and_shows_its_state(
         SeededRun(
             status="running",
             process_status="running",
+            total_steps=10,
             series={"reward/mean": REWARDS, "train/loss": LOSSES},
             logs={"trainer": "trainer started\ntrainer at step 6/6 (a line the page must show)\n"},
         ),
@@ -86,7 +87,7 @@ def test_the_page_plots_a_runs_reward_curve_and_shows_its_state(
         rows = browser.evaluate(
             "[...document.querySelectorAll('#runs-table tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
         )
-        assert [row[:6] for row in rows][0] == [run.id, "echo", "local", "running", "6 / 6", "1.000"]
+        assert [row[:6] for row in rows][0] == [run.id, "echo", "local", "running", "6 / 10", "1.000"]
         assert [row[3] for row in rows] == ["running", "completed"]
         processes = browser.evaluate(
             "[...document.querySelectorAll('#processes-table tbody tr')].map(r => [r.cells[0].textContent,"
@@ -101,6 +102,11 @@ def test_the_page_plots_a_runs_reward_curve_and_shows_its_state(
         browser.navigate(f"{ui_service.base_url}/ui#run={run.id}")
         browser.wait_for(f"document.readyState === 'complete' && {rendered}", timeout=60)
         assert browser.evaluate("document.getElementById('token-form').hidden") is True
+
+        # A running run's page follows it: a new step appears without a reload.
+        record_step(settings, run.id, 7, {"reward/mean": 0.9375, "train/loss": 0.125})
+        browser.wait_for("JSON.parse(document.getElementById('reward-chart').dataset.points).length === 7", timeout=60)
+        assert browser.evaluate("document.querySelector('#runs-table tbody tr').cells[4].textContent") == "7 / 10"
 
         screenshot = browser.screenshot()
         errors = [e for e in browser.page_errors() if e["params"].get("entry", {}).get("source") != "network"]
