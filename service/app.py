@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Route
 from starlette.types import Scope
 
 from service.auth import require_token
@@ -24,6 +25,8 @@ from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import router as runs_router
 from service.settings import Settings
+from service.tools.mcp_server import McpEndpoint
+from service.tools.routes import router as tools_router
 from service.ui.routes import router as ui_router
 
 logger = logging.getLogger("rlctl")
@@ -41,6 +44,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     context.runs = RunManager(context)
     context.jobs = JobRunner(context, workers=context.settings.job_workers)
     register_job_kinds(context.jobs)
+    mcp_endpoint = McpEndpoint(context)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -50,7 +54,8 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
         await run_in_threadpool(context.runs.open)
         await run_in_threadpool(context.jobs.open)
         try:
-            yield
+            async with mcp_endpoint.running():
+                yield
         finally:
             # Runs keep running across a service restart: they are re-adopted at the next start.
             await run_in_threadpool(context.jobs.close)
@@ -74,6 +79,8 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(runs_router, dependencies=protected)
     app.include_router(run_logs_router, dependencies=protected)
     app.include_router(jobs_router, dependencies=protected)
+    app.include_router(tools_router, dependencies=protected)
+    app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
     app.add_middleware(RequestIdMiddleware)

@@ -1,0 +1,16 @@
+"""Every tool an agent can call, in the order they are listed."""
+
+from __future__ import annotations
+
+from service.tools.registry import Tool, ToolNotFound
+from service.tools.rl_tools import RL_TOOLS
+
+ALL_TOOLS: tuple[Tool, ...] = RL_TOOLS
+_BY_NAME = {tool.name: tool for tool in ALL_TOOLS}
+
+
+def find_tool(name: str) -> Tool:
+    tool = _BY_NAME.get(name)
+    if tool is None:
+        raise ToolNotFound(f"no tool named {name!r}", {"available": list(_BY_NAME)})
+    return tool
