@@ -21,12 +21,14 @@ from service.inference_tests.routes import router as inference_tests_router
 from service.jobs.kinds import register_job_kinds
 from service.jobs.routes import router as jobs_router
 from service.jobs.runner import JobRunner
+from service.monitoring import install_monitoring
 from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import router as runs_router
 from service.settings import Settings
 from service.tools.mcp_server import McpEndpoint
 from service.tools.routes import router as tools_router
+from service.ui.routes import router as ui_router
 
 logger = logging.getLogger("rlctl")
 
@@ -72,6 +74,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.state.context = context
     install_error_handlers(app)
     app.include_router(health_router)
+    app.include_router(ui_router)  # a static page; its API calls carry the token
     protected = [Depends(require_token)]
     app.include_router(environments_router, dependencies=protected)
     app.include_router(runs_router, dependencies=protected)
@@ -81,6 +84,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(tools_router, dependencies=protected)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
+    install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
     app.add_middleware(RequestIdMiddleware)
     return app
 

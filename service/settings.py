@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer.defaults import LOCAL_DEFAULTS
@@ -112,6 +112,12 @@ class Settings(BaseSettings):
     # Sizes of a local run whose environment sets none in config_init() (Atropos class defaults otherwise).
     local_batch_size: int = LOCAL_DEFAULTS["batch_size"]
     local_group_size: int = LOCAL_DEFAULTS["group_size"]
+
+    @field_validator("api_token", "tinker_api_key", "wandb_api_key", "openrouter_api_key", mode="before")
+    @classmethod
+    def _empty_secret_is_unset(cls, value: object) -> object:
+        """`KEY=` in an env file means "not set", not a secret that is the empty string."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @cached_property
     def data_path(self) -> Path:
