@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from service.settings import Settings
 from tests.inference_tests.conftest import SERVED_MODELS
+from tests.ops.cli import rlctl
 from tests.support.live import live_service
 from tests.support.waiting import wait_until
 
@@ -32,3 +34,27 @@ def test_an_agent_tests_the_selected_environment(inference_settings: Callable[..
         assert done["summary"]["models_tested"] == 2 and done["summary"]["environment_working"] is True
         assert {m["model"] for m in done["models_tested"]} == set(SERVED_MODELS)
         assert call("rl_get_inference_test", test_id="nope")["code"] == "INFERENCE_TEST_NOT_FOUND"
+
+
+def test_the_cli_runs_an_inference_test_and_follows_it(
+    inference_settings: Callable[..., Settings], endpoint: str
+) -> None:
+    with live_service(inference_settings()) as live:
+        result = rlctl(
+            live.base_url,
+            "inference-test",
+            "echo",
+            "--steps", "1",
+            "--group-size", "2",
+            "--model", SERVED_MODELS[0],
+            "--model", "tiny/not-served",
+            "--base-url", endpoint,
+            "--json",
+            timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        job = json.loads(result.stdout)
+        assert job["status"] == "succeeded"
+        summary = job["result"]["summary"]
+        assert summary["models_tested"] == 2 and summary["models_succeeded"] == 1
+        assert summary["best_model"] == SERVED_MODELS[0]
