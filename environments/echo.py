@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from pydantic import Field
 
 DIGITS = "0123456789"
@@ -30,6 +31,14 @@ def score_reply(reply: str, target: str, reply_tokens: int, digit_weight: float)
     digit_share = sum(c in DIGITS for c in head) / reply_tokens
     echoed = sum(1 for produced, wanted in zip(head, target, strict=False) if produced == wanted)
     return digit_weight * digit_share + (1.0 - digit_weight) * echoed / len(target)
+
+
+def chat_tokens(tokenizer: Any, messages: list[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:
+    """Prompt (chat template with the generation prompt) + reply tokens, and masks (-100 on the prompt)."""
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_tokens = tokenizer.encode(prompt, add_special_tokens=False)
+    reply_tokens = tokenizer.encode(reply, add_special_tokens=False)
+    return prompt_tokens + reply_tokens, [-100] * len(prompt_tokens) + reply_tokens
 
 
 class EchoConfig(BaseEnvConfig):
@@ -97,23 +106,41 @@ class EchoEnv(BaseEnv):
 
     async def collect_trajectories(self, item: dict[str, str]) -> tuple[ScoredDataGroup | None, list]:
         messages = self.prompt_messages(item["target"])
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.reply_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
-        for choice, node in zip(completion.choices, nodes, strict=True):
-            score = self.score(choice.message.content or "", item["target"])
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        for text, tokens, masks, logprobs in await self._sample_group(messages):
+            score = self.score(text, item["target"])
             self.recent_scores.append(score)
-            group["tokens"].append(node.tokens)
-            group["masks"].append(node.masked_tokens)
+            group["tokens"].append(tokens)
+            group["masks"].append(masks)
             group["scores"].append(score)
-            group["inference_logprobs"].append(node.logprobs)
+            group["inference_logprobs"].append(logprobs)
+            group["messages"].append([*messages, {"role": "assistant", "content": text}])
         return group, []
+
+    async def _sample_group(self, messages: list[dict[str, str]]) -> list[tuple[str, list, list, list]]:
+        """Replies with tokens, masks and sampler logprobs; plain OpenAI endpoints (inference tests) give text
+        only, so their tokens come from the tokenizer and their logprobs are placeholders."""
+        kwargs = {
+            "messages": messages,
+            "n": self.config.group_size,
+            "max_tokens": self.config.reply_tokens,
+            "temperature": self.config.temperature,
+        }
+        if isinstance(self.server.servers[0], OpenAIServer):
+            completion = await self.server.chat_completion(**kwargs)
+            samples = []
+            for choice in completion.choices:
+                text = choice.message.content or ""
+                tokens, masks = chat_tokens(self.tokenizer, messages, text)
+                samples.append((text, tokens, masks, [1.0] * len(tokens)))
+            return samples
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(**kwargs)
+            nodes = managed.get_state()["nodes"]
+        return [
+            (choice.message.content or "", node.tokens, node.masked_tokens, node.logprobs)
+            for choice, node in zip(completion.choices, nodes, strict=True)
+        ]
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         """Greedy replies to fresh prompts; eval/percent_correct is the mean score."""

@@ -17,7 +17,6 @@ from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 from pydantic import Field
 
 SYSTEM_PROMPT = (
@@ -98,6 +97,18 @@ def _last_boxed(text: str) -> str | None:
 def _last_match(pattern: re.Pattern[str], text: str) -> str | None:
     matches = pattern.findall(text)
     return matches[-1] if matches else None
+
+
+def chat_tokens(tokenizer: Any, messages: list[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:
+    """Tokens of prompt + reply as a sampler would have produced them, and masks (-100 on the prompt).
+
+    For plain OpenAI endpoints, which return text only: the prompt is the chat template with the generation
+    prompt, the reply is appended as its own tokens.
+    """
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_tokens = tokenizer.encode(prompt, add_special_tokens=False)
+    reply_tokens = tokenizer.encode(reply, add_special_tokens=False)
+    return prompt_tokens + reply_tokens, [-100] * len(prompt_tokens) + reply_tokens
 
 
 def load_split(split: str) -> list[dict[str, str]]:
@@ -195,9 +206,8 @@ class GSM8KEnv(BaseEnv):
             samples = []
             for choice in completion.choices:
                 text = choice.message.content or ""
-                chat = [*messages, {"role": "assistant", "content": text}]
-                tokenized = tokenize_for_trainer(self.tokenizer, chat)
-                samples.append((text, tokenized["tokens"], tokenized["masks"], [1.0] * len(tokenized["tokens"])))
+                tokens, masks = chat_tokens(self.tokenizer, messages, text)
+                samples.append((text, tokens, masks, [1.0] * len(tokens)))
             return samples
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(**kwargs)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Route
 from starlette.types import Scope
 
 from service.auth import require_token
@@ -19,13 +20,18 @@ from service.db import migrate
 from service.environments.routes import router as environments_router
 from service.health.routes import router as health_router
 from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from service.inference_tests.routes import router as inference_tests_router
 from service.jobs.kinds import register_job_kinds
 from service.jobs.routes import router as jobs_router
 from service.jobs.runner import JobRunner
+from service.monitoring import install_monitoring
 from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import router as runs_router
 from service.settings import Settings
+from service.tools.mcp_server import McpEndpoint
+from service.tools.routes import router as tools_router
+from service.ui.routes import router as ui_router
 
 logger = logging.getLogger("rlctl")
 
@@ -42,6 +48,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     context.runs = RunManager(context)
     context.jobs = JobRunner(context, workers=context.settings.job_workers)
     register_job_kinds(context.jobs)
+    mcp_endpoint = McpEndpoint(context)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -52,7 +59,8 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
         await run_in_threadpool(open_datasets, context)  # before jobs resume: leftovers of a crash go first
         await run_in_threadpool(context.jobs.open)
         try:
-            yield
+            async with mcp_endpoint.running():
+                yield
         finally:
             # Runs keep running across a service restart: they are re-adopted at the next start.
             await run_in_threadpool(context.jobs.close)
@@ -70,6 +78,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.state.context = context
     install_error_handlers(app)
     app.include_router(health_router)
+    app.include_router(ui_router)  # a static page; its API calls carry the token
     protected = [Depends(require_token)]
     app.include_router(environments_router, dependencies=protected)
     app.include_router(runs_router, dependencies=protected)
@@ -78,7 +87,11 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(dataset_routes.router, dependencies=protected)
     app.include_router(dataset_routes.downloads_router, dependencies=protected)
     app.include_router(collection_routes.router, dependencies=protected)
+    app.include_router(inference_tests_router, dependencies=protected)
+    app.include_router(tools_router, dependencies=protected)
+    app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
+    install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -1,4 +1,4 @@
-"""The `rlctl` command: serve the API, manage the database, build the tiny local model."""
+"""The `rlctl` command: serve the API, manage the database, build the tiny local model, and call the API."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from service.client.commands import add_client_commands
 from service.settings import Settings
 
 
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=cmd_model_init_tiny)
+
+    add_client_commands(parser, commands)  # envs, runs, jobs, datasets, inference-test: over HTTP
     return parser
 
 

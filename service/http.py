@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -28,6 +29,8 @@ _HTTP_CODES = {
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
 }
+# Validation errors may carry any input value (bytes, exceptions): shown as text.
+_LENIENT: dict[Any, Any] = {bytes: lambda b: b.decode("utf-8", "replace"), Exception: str}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -49,7 +52,7 @@ def install_error_handlers(app: FastAPI) -> None:
             {"location": list(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()
         ]
-        error = ServiceError("the request is not valid", {"errors": _jsonable(errors)})
+        error = ServiceError("the request is not valid", {"errors": jsonable_encoder(errors, custom_encoder=_LENIENT)})
         error.status_code, error.code = 422, "VALIDATION_ERROR"
         return error_response(error)
 
@@ -69,16 +72,6 @@ def install_error_handlers(app: FastAPI) -> None:
         error = ServiceError("internal error; the request id identifies it in the service log")
         error.status_code, error.code = 500, "INTERNAL_ERROR"
         return error_response(error)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)
 
 
 class RequestIdMiddleware:

@@ -27,7 +27,7 @@ class SecretScrubber(logging.Filter):
             for secret in self.secrets:
                 message = message.replace(secret, "***")
             record.msg, record.args = message, None
-        record.request_id = request_id_var.get()
+        record.request_id = request_id_var.get() or "-"
         return True
 
 

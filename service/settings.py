@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer.defaults import LOCAL_DEFAULTS
@@ -32,6 +32,7 @@ SECRET_ENV_NAMES = frozenset(
         "RLCTL_OPENROUTER_API_KEY",
         "RLCTL_SUMMARY_API_KEY",
         "RLCTL_COLLECTION_API_KEY",
+        "RLCTL_INFERENCE_API_KEY",
     }
 )
 
@@ -96,6 +97,14 @@ class Settings(BaseSettings):
     collection_key_hosts: str = Field(
         "openrouter.ai", description="Hosts (':'-separated) that may receive the collection or OpenRouter key."
     )
+    # --- inference tests (SPEC §8): which endpoint gets which key; a key goes to its own endpoint only ---
+    openrouter_base_url: str = Field(
+        "https://openrouter.ai/api/v1", description="Default endpoint of inference tests; OPENROUTER_API_KEY's."
+    )
+    inference_base_url: str | None = Field(None, description="Another OpenAI-compatible endpoint with a key.")
+    inference_api_key: SecretStr | None = Field(None, description="The key of inference_base_url.")
+    inference_test_concurrency: int = Field(3, ge=1, le=32, description="Models of one inference test at once.")
+    inference_test_timeout_s: float = Field(900, gt=0, description="Time one model of an inference test may take.")
 
     # --- locked run fields (SPEC §4), tinker backend ---
     tokenizer_name: str = "Qwen/Qwen3-8B"
@@ -124,6 +133,12 @@ class Settings(BaseSettings):
     # Sizes of a local run whose environment sets none in config_init() (Atropos class defaults otherwise).
     local_batch_size: int = LOCAL_DEFAULTS["batch_size"]
     local_group_size: int = LOCAL_DEFAULTS["group_size"]
+
+    @field_validator("api_token", "tinker_api_key", "wandb_api_key", "openrouter_api_key", mode="before")
+    @classmethod
+    def _empty_secret_is_unset(cls, value: object) -> object:
+        """`KEY=` in an env file means "not set", not a secret that is the empty string."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @cached_property
     def data_path(self) -> Path:
@@ -158,6 +173,7 @@ class Settings(BaseSettings):
             self.openrouter_api_key,
             self.summary_api_key,
             self.collection_api_key,
+            self.inference_api_key,
         ]
         return [s.get_secret_value() for s in secrets if s and s.get_secret_value()]
 

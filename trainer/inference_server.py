@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
@@ -106,16 +107,24 @@ class ChatCompletionRequest(BaseModel):
     model_config = {"extra": "ignore"}
 
 
-def _openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": None}})
+def _openai_error(
+    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": code}})
+
+
+class UnknownModel(LookupError):
+    """A request named a model this server does not serve (answered with 404, as OpenAI does)."""
 
 
 class InferenceService:
     """Request handling, independent of the HTTP framework's routing."""
 
-    def __init__(self, backend: TrainingBackend) -> None:
+    def __init__(self, backend: TrainingBackend, model_names: Sequence[str] = ()) -> None:
         self.backend = backend
         self.tokenizer = backend.tokenizer
+        # The ids a request may name (like vLLM's --served-model-name); the backend's own comes first.
+        self.model_names = tuple(dict.fromkeys([backend.model_name, *model_names]))
         # Served requests and completions per endpoint, shown by /health: proof that rollouts flow.
         self.counters: Counter[str] = Counter()
 
@@ -127,6 +136,11 @@ class InferenceService:
         self.counters[endpoint] += 1
         self.counters["completions"] += len(completions)
         return completions
+
+    def check_model(self, model: str | None) -> None:
+        """No model means the default one; an id this server does not serve is an error, not silently ignored."""
+        if model is not None and model not in self.model_names:
+            raise UnknownModel(model)
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -190,6 +204,7 @@ class InferenceService:
         return [list(prompt)]
 
     async def completions(self, body: CompletionRequest) -> dict[str, Any]:
+        self.check_model(body.model)
         if body.echo:
             raise InvalidRequest("echo is not supported")
         choices: list[dict[str, Any]] = []
@@ -238,6 +253,7 @@ class InferenceService:
         }
 
     async def chat_completions(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        self.check_model(body.model)
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         try:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -318,13 +334,18 @@ class InferenceService:
         }
 
 
-def create_app(backend: TrainingBackend) -> FastAPI:
-    service = InferenceService(backend)
+def create_app(backend: TrainingBackend, model_names: Sequence[str] = ()) -> FastAPI:
+    """`model_names`: extra ids the OpenAI routes answer to, besides the backend's model name."""
+    service = InferenceService(backend, model_names)
     app = FastAPI(title="rlctl inference server", docs_url=None, redoc_url=None)
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, error: InvalidRequest) -> JSONResponse:
         return _openai_error(400, str(error))
+
+    @app.exception_handler(UnknownModel)
+    async def unknown_model(_: Request, error: UnknownModel) -> JSONResponse:
+        return _openai_error(404, f"The model `{error.args[0]}` does not exist.", code="model_not_found")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -337,8 +358,8 @@ def create_app(backend: TrainingBackend) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {"id": backend.model_name, "object": "model", "created": 0, "owned_by": "rlctl"}
-        return {"object": "list", "data": [entry]}
+        entries = [{"id": name, "object": "model", "created": 0, "owned_by": "rlctl"} for name in service.model_names]
+        return {"object": "list", "data": entries}
 
     @app.post("/generate", response_model=None)
     async def generate(body: GenerateRequest) -> dict[str, Any] | list[dict[str, Any]]:

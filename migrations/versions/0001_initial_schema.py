@@ -72,7 +72,7 @@ def upgrade() -> None:
         batch_op.create_index("ix_runs_created_at_id", ["created_at", "id"], unique=False)
         batch_op.create_index(batch_op.f("ix_runs_environment"), ["environment"], unique=False)
         batch_op.create_index(batch_op.f("ix_runs_owner_id"), ["owner_id"], unique=False)
-        batch_op.create_index(batch_op.f("ix_runs_status"), ["status"], unique=False)
+        batch_op.create_index("ix_runs_status_created_at_id", ["status", "created_at", "id"], unique=False)
 
     op.create_table(
         "tool_sessions",
@@ -144,7 +144,7 @@ def downgrade() -> None:
     op.drop_table("run_metrics")
     op.drop_table("tool_sessions")
     with op.batch_alter_table("runs", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_runs_status"))
+        batch_op.drop_index("ix_runs_status_created_at_id")
         batch_op.drop_index(batch_op.f("ix_runs_owner_id"))
         batch_op.drop_index(batch_op.f("ix_runs_environment"))
         batch_op.drop_index("ix_runs_created_at_id")

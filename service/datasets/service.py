@@ -290,7 +290,7 @@ def summary_endpoint(ctx: AppContext) -> tuple[str, str] | None:
     """(base URL, key) of the configured summariser, or None: then the extractive summary is used."""
     settings = ctx.settings
     key = settings.summary_api_key or settings.openrouter_api_key
-    base_url = settings.summary_base_url or ("https://openrouter.ai/api/v1" if settings.openrouter_api_key else None)
+    base_url = settings.summary_base_url or (settings.openrouter_base_url if settings.openrouter_api_key else None)
     if base_url is None:
         return None
     return base_url, key.get_secret_value() if key else "none"

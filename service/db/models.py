@@ -42,7 +42,7 @@ class Run(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     environment: Mapped[str] = mapped_column(String(128), index=True)
     backend: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[str] = mapped_column(String(16))
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     config_path: Mapped[str | None] = mapped_column(String(1024))
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
@@ -66,7 +66,10 @@ class Run(Base):
         back_populates="run", cascade="all, delete-orphan", order_by="RunProcess.id"
     )
 
-    __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_runs_created_at_id", "created_at", "id"),
+        Index("ix_runs_status_created_at_id", "status", "created_at", "id"),
+    )
 
 
 class RunProcess(Base):

@@ -19,7 +19,7 @@ from typing import Any
 
 
 def describe(file_path: Path, class_name: str) -> dict[str, Any]:
-    env_class = _load_class(file_path, class_name)
+    env_class = load_environment_class(file_path, class_name)
     env_config, _server_configs = env_class.config_init()
     config_class = type(env_config)
     defaults = env_config.model_dump(mode="json")
@@ -61,7 +61,7 @@ def type_name(annotation: Any) -> str:
     return str(annotation)
 
 
-def _load_class(file_path: Path, class_name: str) -> type:
+def load_environment_class(file_path: Path, class_name: str) -> type:
     # Sibling imports (an environment deriving from another file's class) resolve like `python FILE` would.
     sys.path.insert(0, str(file_path.parent))
     spec = importlib.util.spec_from_file_location(f"rlctl_env_{file_path.stem}", file_path)

@@ -11,3 +11,6 @@ def register_job_kinds(runner: JobRunner) -> None:
     """Datasets, inference tests and collections add their kinds here."""
     dataset_operations.register(runner)
     collection_runner.register(runner)
+    from service.inference_tests import service as inference_tests
+
+    inference_tests.register(runner)

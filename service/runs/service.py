@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from fastapi.encoders import jsonable_encoder
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 
@@ -267,7 +268,7 @@ def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> dict[str, Any
         }
     state = paths.read_trainer_state() or {}
     headline = {key: latest[name][1] if name in latest else None for key, name in HEADLINE_METRICS.items()}
-    return _jsonable(
+    return jsonable_encoder(
         {
             "run_id": run_id,
             **record,
@@ -297,16 +298,6 @@ def _process_status(process: Any) -> dict[str, Any]:
         "signal": process.signal,
         "log_path": process.log_path,
     }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
 
 
 # --- stop ---

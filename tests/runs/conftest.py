@@ -33,8 +33,8 @@ def process_database_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def run_settings(tmp_path: Path, process_database_url: str) -> Callable[..., Any]:
-    def make(**overrides: Any) -> Any:
-        return build_settings(tmp_path / "var", process_database_url, **{**FAST_LOCAL, **overrides})
+    def make(data_dir: Path | None = None, **overrides: Any) -> Any:
+        return build_settings(data_dir or tmp_path / "var", process_database_url, **{**FAST_LOCAL, **overrides})
 
     return make
 

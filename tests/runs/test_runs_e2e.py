@@ -42,6 +42,7 @@ def test_an_offline_run_completes_on_its_own(run_service: LiveService) -> None:
         series = client.get(f"/runs/{run_id}/metrics").json()["metrics"]
         assert len(series["reward/mean"]) == 6 > len(first["reward/mean"]) - 1
         assert {"train/loss", "advantages/mean", "logprobs/mean"} <= set(series)
+        assert "train/percent_correct" in series  # the environment's metric, through the env hook
         assert final["last_step"] == 6
         assert {p["role"]: p["status"] for p in final["processes"]} == dict.fromkeys(
             ("api", "trainer", "env"), "exited"

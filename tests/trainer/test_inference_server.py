@@ -17,6 +17,8 @@ from trainer.backends.local import LocalBackend
 from trainer.config import parse_config
 from trainer.inference_server import InferenceServer, create_app
 
+ALIAS = "tiny/alias-model"
+
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalBackend]]:
@@ -34,7 +36,7 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     backend = LocalBackend(config)
     backend.publish_weights(7)
-    server = InferenceServer(create_app(backend), "127.0.0.1", port)
+    server = InferenceServer(create_app(backend, model_names=[ALIAS]), "127.0.0.1", port)
     server.start()
     try:
         yield f"http://127.0.0.1:{port}", backend
@@ -47,7 +49,7 @@ def test_health_and_models(served: tuple[str, LocalBackend]) -> None:
     health = httpx.get(f"{url}/health").json()
     assert health["status"] == "ok" and health["weights_version"] == 7
     models = httpx.get(f"{url}/v1/models").json()
-    assert [entry["id"] for entry in models["data"]] == [backend.model_name]
+    assert [entry["id"] for entry in models["data"]] == [backend.model_name, ALIAS]
 
 
 def test_generate_answers_in_sglang_shape(served: tuple[str, LocalBackend]) -> None:
@@ -138,3 +140,18 @@ def test_bad_requests_get_openai_style_errors(served: tuple[str, LocalBackend]) 
         client.completions.create(model=backend.model_name, prompt="x", echo=True)
     too_long = httpx.post(f"{url}/generate", json={"input_ids": [5] * 5000, "sampling_params": {"n": 1}})
     assert too_long.status_code == 400 and "context" in too_long.json()["error"]["message"]
+
+
+def test_unknown_model_is_a_404_and_served_names_answer(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    messages = [{"role": "user", "content": "Echo: 1"}]
+    with pytest.raises(openai.NotFoundError, match="does not exist") as raised:
+        client.chat.completions.create(model="no-such/model", messages=messages, max_tokens=2)
+    assert raised.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such/model", prompt="x", max_tokens=2)
+    aliased = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=2)
+    assert aliased.model == ALIAS and len(aliased.choices) == 1
+    unnamed = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}).json()
+    assert unnamed["model"] == backend.model_name

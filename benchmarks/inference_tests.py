@@ -1,0 +1,106 @@
+"""Wall time of an inference test with its models run together against one after another (as the reference did).
+
+    .venv/bin/python benchmarks/inference_tests.py [--environment gsm8k] [--steps 3] [--group-size 16]
+        [--max-new-tokens 64] [--repeats 2] [--added-latency-s 0]
+
+The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model
+names; each mode runs the same test through the service layer (one child process per model, the environment's
+own `process` mode). Printed: the wall time of each run (job start to end), per-model latency, and the ratio
+sequential / concurrent. `--added-latency-s` puts a loopback front server before the inference server that
+delays every request, as a remote endpoint's round trip would (the tiny model itself answers in milliseconds,
+so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the tiny model
+is built locally, GSM8K is read from the shared data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from service.context import build_context  # noqa: E402
+from service.db import migrate  # noqa: E402
+from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
+from service.jobs.kinds import register_job_kinds  # noqa: E402
+from service.jobs.runner import JobRunner  # noqa: E402
+from service.settings import Settings  # noqa: E402
+from tests.conftest import SHARED_DATA  # noqa: E402
+from tests.support.endpoints import fault_endpoint, tiny_model_endpoint  # noqa: E402
+from trainer.tiny_model import init_tiny_model  # noqa: E402
+
+MODELS = ["bench/model-a", "bench/model-b", "bench/model-c"]
+
+
+def run_once(root: Path, label: str, concurrency: int, endpoint: str, model_dir: Path, args: Any) -> dict[str, Any]:
+    data_dir = root / label
+    settings = Settings(
+        _env_file=None,
+        data_dir=data_dir,
+        tokenizer_name=str(model_dir),
+        gsm8k_path=SHARED_DATA / "gsm8k",
+        inference_test_concurrency=concurrency,
+    )
+    ctx = build_context(settings)
+    ctx.jobs = JobRunner(ctx, workers=1)
+    register_job_kinds(ctx.jobs)
+    migrate.upgrade(ctx.db)
+    ctx.jobs.open()
+    try:
+        config = {"max_new_tokens": args.max_new_tokens} if args.environment == "gsm8k" else {}
+        test = start_inference_test(
+            ctx, args.environment, args.steps, args.group_size, MODELS, endpoint, config, timeout_s=3600
+        )
+        ctx.jobs.wait(test["id"], timeout=7200)
+        test = get_inference_test(ctx, test["id"])
+    finally:
+        ctx.jobs.close()
+        ctx.db.dispose()
+    if test["status"] != "succeeded" or test["result"]["summary"]["models_succeeded"] != len(MODELS):
+        raise SystemExit(f"{label}: the test did not succeed: {test['error'] or test['result']}")
+    wall_s = (test["finished_at"] - test["started_at"]).total_seconds()
+    latencies = {r["model"]: r["latency"] for r in test["result"]["models_tested"]}
+    completions = sum(r["total_completions"] for r in test["result"]["models_tested"])
+    print(f"{label:>22}: {wall_s:7.2f} s wall, {completions} completions", flush=True)
+    for model, latency in latencies.items():
+        print(f"{'':>24}{model}: p50 {latency['p50_s']:.3f} s, p95 {latency['p95_s']:.3f} s per completion")
+    return {"wall_s": wall_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--environment", default="gsm8k", choices=["gsm8k", "echo"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="gsm8k's completion length")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--added-latency-s", type=float, default=0.0, help="delay added to every request")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="rlctl-bench-inference-") as tmp:
+        root = Path(tmp)
+        model_dir = init_tiny_model(root / "tiny-qwen3", seed=0)
+        with (
+            tiny_model_endpoint(model_dir, root / "endpoint", MODELS) as model_endpoint,
+            fault_endpoint(model_endpoint, args.added_latency_s) as delayed_endpoint,
+        ):
+            endpoint = delayed_endpoint if args.added_latency_s else model_endpoint
+            print(
+                f"{args.environment}: {len(MODELS)} models x {args.steps} steps x {args.group_size} completions "
+                f"on the tiny model at {endpoint}, {args.added_latency_s:g} s added per request",
+                flush=True,
+            )
+            sequential, concurrent = [], []
+            for repeat in range(args.repeats):
+                sequential.append(run_once(root, f"sequential-{repeat}", 1, endpoint, model_dir, args)["wall_s"])
+                concurrent.append(run_once(root, f"concurrent-{repeat}", 3, endpoint, model_dir, args)["wall_s"])
+    seq, con = statistics.median(sequential), statistics.median(concurrent)
+    print(f"median wall time: sequential {seq:.2f} s, concurrent {con:.2f} s, ratio {seq / con:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

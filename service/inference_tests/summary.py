@@ -1,0 +1,113 @@
+"""What an inference test reports: per-model results and the summary. Pure logic, no I/O.
+
+A completion is correct when its score is above 0 (SPEC §8). Latency is per completion: each completion gets
+the duration of the HTTP request that returned it (one request may return all `n` of a group).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SUCCEEDED, FAILED = "succeeded", "failed"
+
+
+@dataclass
+class ModelOutcome:
+    """What one model's run produced: its step records (as the child wrote them) and why it stopped, if early."""
+
+    model: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    wall_time_s: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def result_file_stem(environment: str, model: str) -> str:
+    """`test_{env}_{model}` with `/` in the model id replaced by `_` (SPEC §8)."""
+    return f"test_{environment}_{model.replace('/', '_')}"
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear between closest ranks; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_summary(latencies: Sequence[float]) -> dict[str, Any]:
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+
+    return {
+        "p50_s": rounded(percentile(latencies, 50)),
+        "p95_s": rounded(percentile(latencies, 95)),
+        "mean_s": rounded(sum(latencies) / len(latencies)) if latencies else None,
+        "completions_timed": len(latencies),
+    }
+
+
+def step_result(record: dict[str, Any]) -> dict[str, Any]:
+    scores = [float(s) for s in record.get("scores", [])]
+    return {
+        "step": record["step"],
+        "completions": len(scores),
+        "correct": sum(1 for s in scores if s > 0),
+        "scores": scores,
+    }
+
+
+def model_result(outcome: ModelOutcome) -> dict[str, Any]:
+    steps = [step_result(record) for record in outcome.steps]
+    total = sum(s["completions"] for s in steps)
+    correct = sum(s["correct"] for s in steps)
+    with_correct = sum(1 for s in steps if s["correct"] > 0)
+    latencies = [float(x) for record in outcome.steps for x in record.get("latencies_s", [])]
+    error = outcome.error
+    if error is None and total == 0:
+        error = "no completion was scored: the environment produced no group"
+    return {
+        "model": outcome.model,
+        "status": FAILED if error else SUCCEEDED,
+        "steps": steps,
+        "steps_tested": len(steps),
+        "total_completions": total,
+        "correct_completions": correct,
+        "accuracy": _ratio(correct, total),
+        "steps_with_correct": with_correct,
+        "step_success_rate": _ratio(with_correct, len(steps)),
+        "latency": latency_summary(latencies),
+        "error": error,
+        "wall_time_s": round(outcome.wall_time_s, 3),
+        "files": outcome.files,
+    }
+
+
+def summarize(results: Iterable[dict[str, Any]], steps_requested: int, output_directory: str) -> dict[str, Any]:
+    """The verdict: the environment works when at least one model's completions were all produced and scored."""
+    results = list(results)
+    succeeded = [r for r in results if r["status"] == SUCCEEDED]
+    best = max(succeeded, key=lambda r: r["accuracy"], default=None)  # the first of equals, in request order
+    return {
+        "steps_requested": steps_requested,
+        "models_tested": len(results),
+        "models_succeeded": len(succeeded),
+        "best_model": best["model"] if best else None,
+        "avg_accuracy": round(sum(r["accuracy"] for r in succeeded) / len(succeeded), 4) if succeeded else None,
+        "environment_working": bool(succeeded),
+        "output_directory": output_directory,
+    }
+
+
+def progress_done(steps_done: dict[str, int], ended: set[str], steps_requested: int) -> int:
+    """Steps accounted for: those completed, plus the rest of every model that has ended (early or not)."""
+    return sum(steps_requested if model in ended else min(done, steps_requested) for model, done in steps_done.items())
+
+
+def _ratio(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0

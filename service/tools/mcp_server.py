@@ -1,0 +1,118 @@
+"""The same tools over MCP (streamable HTTP at /mcp), through the official SDK, behind the API token.
+
+Tools are listed with their input and output schemas and read-only / destructive / idempotent hints; a call
+runs the one implementation in service/tools/service.py, in the agent's tool session (X-Tool-Session).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import mcp.types as types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.types import Receive, Scope, Send
+
+from service.auth import token_matches
+from service.context import AppContext
+from service.errors import Unauthorized
+from service.http import error_response
+from service.tools import service
+from service.tools.catalog import ALL_TOOLS
+from service.tools.registry import Tool, ToolNotFound
+
+INVALID_PARAMS = -32602
+INSTRUCTIONS = (
+    "rlctl trains language models with reinforcement learning. List environments, select one, look at and edit "
+    "its config, start training, then check the run's status at most once per 30 minutes per run."
+)
+
+
+class McpEndpoint:
+    """The ASGI app mounted at /mcp, and the session manager whose lifetime the service's lifespan holds."""
+
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        server = Server(
+            "rlctl",
+            version="0.1.0",
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.manager = StreamableHTTPSessionManager(
+            app=server,
+            json_response=True,
+            stateless=True,  # the agent's state lives in its tool session, not in the MCP connection
+            security_settings=self._transport_security(),
+        )
+        self._app = StreamableHTTPASGIApp(self.manager)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._authorized(scope):
+            error = Unauthorized("missing or wrong bearer token: send 'Authorization: Bearer <RLCTL_API_TOKEN>'")
+            await error_response(error)(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        token = self.ctx.settings.api_token
+        if token is None:
+            return True
+        header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+        scheme, _, given = header.partition(" ")
+        return scheme.lower() == "bearer" and token_matches(given.strip(), token.get_secret_value())
+
+    def _transport_security(self) -> TransportSecuritySettings:
+        if self.ctx.settings.api_token is not None:
+            # Token-protected and possibly behind a proxy: the token, not the Host header, guards it.
+            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+        )
+
+    async def _list_tools(self, _request: Any, _params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[mcp_tool(tool) for tool in ALL_TOOLS])
+
+    async def _call_tool(self, request: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        http_request = getattr(request, "request", None)
+        session_header = http_request.headers.get("x-tool-session") if http_request is not None else None
+        try:
+            result = await anyio.to_thread.run_sync(
+                service.call_tool, self.ctx, params.name, params.arguments or {}, session_header
+            )
+        except ToolNotFound as exc:
+            raise MCPError(INVALID_PARAMS, exc.message, exc.details) from exc
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=json.dumps(result))],
+            structured_content=result,
+            is_error="error" in result,
+        )
+
+
+def mcp_tool(tool: Tool) -> types.Tool:
+    return types.Tool(
+        name=tool.name,
+        description=tool.description,
+        input_schema=tool.input_schema,
+        output_schema=tool.output_schema,
+        annotations=types.ToolAnnotations(
+            read_only_hint=tool.hints.read_only,
+            destructive_hint=tool.hints.destructive,
+            idempotent_hint=tool.hints.idempotent,
+            open_world_hint=tool.hints.open_world,
+        ),
+    )

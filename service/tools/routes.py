@@ -1,0 +1,53 @@
+"""HTTP routes of the agent tools: thin adapters over service.tools.service."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from service.deps import Ctx
+from service.names import NAME_PATTERN, name_path
+from service.schemas import error_responses
+from service.tools import service
+
+router = APIRouter(prefix="/tools", tags=["tools"], responses=error_responses(401))
+ToolName = Annotated[str, name_path("Tool name, as listed by GET /tools.")]
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Tool-Session",
+        pattern=NAME_PATTERN,
+        description="The agent's tool session (selected environment, pending config); 'default' when absent.",
+    ),
+]
+
+
+class ToolList(BaseModel):
+    tools: list[dict[str, Any]] = Field(description="OpenAI function-calling schemas (strict).")
+    count: int
+
+
+@router.get("", response_model=ToolList, summary="List the agent tools")
+def list_tools() -> dict:
+    """Function-calling schemas of every tool, for an agent's `tools=` parameter."""
+    return service.list_tools()
+
+
+@router.post(
+    "/{name}",
+    response_model=dict[str, Any],
+    summary="Call an agent tool",
+    responses=error_responses(404, 413, 422),
+)
+async def call_tool(
+    ctx: Ctx,
+    name: ToolName,
+    arguments: Annotated[dict[str, Any], Body(description="The tool's arguments object.")],
+    x_tool_session: SessionHeader = None,
+) -> dict:
+    """Run one tool. Tool errors (bad arguments, unknown run, locked field, ...) are results with an `error`
+    field, not HTTP errors; an unknown tool name is a 404."""
+    return await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session)

@@ -1,0 +1,95 @@
+"""Several replicas share one database: each run belongs to the replica that launched it (SPEC §12)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psutil
+
+from service.db.engine import Database
+from service.db.models import Run, RunProcess
+from service.settings import Settings
+from tests.runs.conftest import wait_for_status
+from tests.support.live import live_service
+from tests.support.waiting import wait_until
+
+
+def test_runs_of_a_dead_replica_end_with_a_reason_and_its_processes_are_not_signalled(
+    run_settings: Callable[..., Settings], process_database_url: str
+) -> None:
+    # A process that "belongs" to the other replica's run: alive, recorded with its real identity.
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        with live_service(run_settings()) as live:
+            db = Database(process_database_url)
+            with db.session() as session:
+                session.add(
+                    Run(
+                        id="orphaned",
+                        environment="echo",
+                        backend="local",
+                        status="running",
+                        owner_id="replica-that-died",
+                        heartbeat_at=datetime.now(UTC) - timedelta(hours=1),
+                    )
+                )
+            with db.session() as session:
+                session.add(
+                    RunProcess(
+                        run_id="orphaned",
+                        role="trainer",
+                        pid=foreign.pid,
+                        pgid=foreign.pid,
+                        start_time=psutil.Process(foreign.pid).create_time(),
+                        status="running",
+                    )
+                )
+            db.dispose()
+            live.app.state.context.runs.recover()  # what a start-up (or the heartbeat sweep) does
+            with live.client() as client:
+                run = client.get("/runs/orphaned").json()
+        assert run["status"] == "failed"
+        assert run["failure"]["kind"] == "owner_lost" and "replica-that-died" in run["failure"]["message"]
+        assert foreign.poll() is None, "a replica signalled a process it does not own"
+    finally:
+        foreign.kill()
+        foreign.wait()
+        _forget_foreign_process(process_database_url)
+
+
+def test_a_stop_asked_of_another_replica_is_carried_out_by_the_owner(
+    run_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    owner_settings = run_settings(local_total_steps=10_000, replica_id="owner")
+    other_settings = run_settings(data_dir=tmp_path / "other", replica_id="other")
+    with live_service(owner_settings) as owner, live_service(other_settings) as other:
+        with owner.client() as client:
+            run_id = client.post("/runs", json={"environment": "echo", "backend": "local"}).json()["id"]
+            running = wait_for_status(client, run_id, {"running"}, timeout=240)
+        with other.client() as client:
+            assert client.get(f"/runs/{run_id}").json()["status"] == "running"  # shared records
+            assert client.post(f"/runs/{run_id}/stop").json()["status"] == "stopping"
+        with owner.client() as client:
+            stopped = wait_for_status(client, run_id, {"stopped"}, timeout=120)
+        assert stopped["status"] == "stopped"
+        pids = [p["pid"] for p in running["processes"]]
+        wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=30, message="owner stopped them")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _forget_foreign_process(database_url: str) -> None:
+    """The bystander is gone; drop its row so the clean-up check does not look for it."""
+    db = Database(database_url)
+    with db.session() as session:
+        session.query(RunProcess).filter(RunProcess.run_id == "orphaned").delete()
+    db.dispose()

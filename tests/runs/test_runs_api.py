@@ -1,0 +1,173 @@
+"""The runs API around the processes: creation rules, idempotency, listing, metrics, logs, stalls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.db.engine import Database
+from service.db.models import Run, RunMetric
+from service.runs.paths import RunPaths
+from service.settings import Settings
+from tests.runs.conftest import wait_for_status
+from tests.support.live import LiveService, live_service
+from tests.support.waiting import wait_until
+
+
+def add_runs(database_url: str, *runs: Run, metrics: tuple[RunMetric, ...] = ()) -> None:
+    db = Database(database_url)
+    with db.session() as session:
+        session.add_all(runs)
+    with db.session() as session:
+        session.add_all(metrics)
+    db.dispose()
+
+
+def make_run(run_id: str, status: str = "completed", environment: str = "echo", minutes_ago: int = 0) -> Run:
+    created = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+    return Run(id=run_id, environment=environment, backend="local", status=status, created_at=created)
+
+
+@pytest.fixture
+def service(make_settings: Callable[..., Settings]) -> LiveService:
+    with live_service(make_settings()) as live:
+        yield live
+
+
+def test_tinker_without_a_key_is_refused_before_anything_exists(service: LiveService) -> None:
+    with service.client() as client:
+        response = client.post("/runs", json={"environment": "echo", "backend": "tinker"})
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "BACKEND_UNAVAILABLE"
+        assert "TINKER_API_KEY" in response.json()["error"]["message"]
+        assert client.get("/runs").json()["count"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"environment": "nope"}, 404, "ENVIRONMENT_NOT_FOUND"),
+        ({"environment": "echo", "config": {"total_steps": 5}}, 422, "FIELD_LOCKED"),
+        ({"environment": "echo", "config": {"group_size": "8"}}, 422, "VALIDATION_ERROR"),
+        ({"environment": "echo", "config": {"no_such": 1}}, 422, "UNKNOWN_FIELD"),
+        ({"environment": "../etc"}, 422, "VALIDATION_ERROR"),
+        ({"environment": "echo", "backend": "gpu"}, 422, "VALIDATION_ERROR"),
+    ],
+)
+def test_bad_run_requests_change_nothing(service: LiveService, body: dict, status: int, code: str) -> None:
+    with service.client() as client:
+        response = client.post("/runs", json={"backend": "local", **body})
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == code
+        assert client.get("/runs").json()["count"] == 0
+    assert not (service.settings.data_path / "runs").exists() or not any(
+        (service.settings.data_path / "runs").iterdir()
+    )
+
+
+def test_the_same_idempotency_key_gives_the_same_run(service: LiveService) -> None:
+    body = {"environment": "echo", "backend": "local", "idempotency_key": "retry-me"}
+    with service.client() as client:
+        first = client.post("/runs", json=body)
+        again = client.post("/runs", json=body)
+        assert first.status_code == 201 and again.status_code == 200
+        assert again.json()["id"] == first.json()["id"]
+        other = client.post("/runs", json={**body, "config": {"group_size": 4, "batch_size": 16}})
+        assert other.status_code == 422 and "different request" in other.json()["error"]["message"]
+        assert client.get("/runs").json()["count"] == 1
+        assert client.post(f"/runs/{first.json()['id']}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
+
+
+def test_listing_filters_and_pages_newest_first(service: LiveService, database_url: str) -> None:
+    add_runs(
+        database_url,
+        *(make_run(f"r{i}", "completed" if i % 2 else "failed", minutes_ago=10 - i) for i in range(5)),
+        make_run("g1", "completed", environment="gsm8k", minutes_ago=20),
+    )
+    with service.client() as client:
+        page = client.get("/runs", params={"limit": 2}).json()
+        assert [r["id"] for r in page["runs"]] == ["r4", "r3"]
+        seen = [r["id"] for r in page["runs"]]
+        while page["next_cursor"]:
+            page = client.get("/runs", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+            seen += [r["id"] for r in page["runs"]]
+        assert seen == ["r4", "r3", "r2", "r1", "r0", "g1"]
+        failed = client.get("/runs", params={"status": "failed"}).json()
+        assert [r["id"] for r in failed["runs"]] == ["r4", "r2", "r0"]
+        assert [r["id"] for r in client.get("/runs", params={"environment": "gsm8k"}).json()["runs"]] == ["g1"]
+        assert client.get("/runs", params={"status": "exploded"}).status_code == 422
+        assert client.get("/runs", params={"cursor": "not a cursor"}).status_code == 422
+
+
+def test_metrics_filter_by_name_and_step_range(service: LiveService, database_url: str) -> None:
+    rows = tuple(
+        RunMetric(run_id="m1", name=name, step=step, value=step * factor)
+        for step in range(1, 11)
+        for name, factor in (("reward/mean", 0.1), ("train/loss", -1.0))
+    )
+    add_runs(database_url, make_run("m1"), metrics=rows)
+    with service.client() as client:
+        everything = client.get("/runs/m1/metrics").json()["metrics"]
+        assert set(everything) == {"reward/mean", "train/loss"} and len(everything["train/loss"]) == 10
+        some = client.get("/runs/m1/metrics", params={"name": "reward/mean", "min_step": 3, "max_step": 5}).json()
+        assert some["metrics"] == {"reward/mean": [[3, pytest.approx(0.3)], [4, pytest.approx(0.4)], [5, 0.5]]}
+        results = client.get("/runs/m1/results").json()
+        assert results["final_metrics"] == {"reward/mean": 1.0, "train/loss": -10.0}
+        assert client.get("/runs/missing/metrics").status_code == 404
+
+
+def test_logs_tail_and_follow_until_the_run_ends(service: LiveService, database_url: str) -> None:
+    add_runs(database_url, make_run("l1", "running"))
+    log = RunPaths(service.settings.data_path, "l1").log("trainer")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(f"line {i}\n" for i in range(10)))
+    with service.client() as client:
+        assert client.get("/runs/l1/logs/trainer", params={"tail": 2}).text == "line 8\nline 9\n"
+        assert client.get("/runs/l1/logs/nope").status_code == 422
+        received: list[str] = []
+
+        def follow() -> None:
+            with httpx.stream(
+                "GET", f"{service.base_url}/runs/l1/logs/trainer", params={"tail": 1, "follow": True}, timeout=60
+            ) as response:
+                for line in response.iter_lines():
+                    received.append(line)
+
+        reader = threading.Thread(target=follow)
+        reader.start()
+        wait_until(lambda: received == ["line 9"], timeout=30, message="tail")
+        with log.open("a") as handle:
+            handle.write("line 10\nline 11\n")
+        wait_until(lambda: received[-1:] == ["line 11"], timeout=30, message="followed lines")
+        db = Database(database_url)
+        with db.session() as session:
+            session.get(Run, "l1").status = "completed"
+        db.dispose()
+        reader.join(timeout=30)
+        assert not reader.is_alive(), "the stream did not end with the run"
+        assert received == ["line 9", "line 10", "line 11"]
+
+
+def test_a_run_without_progress_is_flagged_stalled(run_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    """gsm8k on the tiny model: every reward is 0, Atropos drops each group, no step ever happens."""
+    with live_service(run_settings(stall_after_s=3, local_total_steps=50)) as live, live.client() as client:
+        run_id = client.post(
+            "/runs",
+            json={"environment": "gsm8k", "backend": "local", "config": {"max_new_tokens": 16, "eval_items": 0}},
+        ).json()["id"]
+        wait_for_status(client, run_id, {"running"}, timeout=240)
+        stalled = wait_until(
+            lambda: (r := client.get(f"/runs/{run_id}").json())["stalled"] and r, timeout=120, message="stalled flag"
+        )
+        assert stalled["status"] == "running" and stalled["last_step"] is None
+        wait_until(
+            lambda: "waiting for rollouts" in client.get(f"/runs/{run_id}/logs/trainer", params={"tail": 200}).text,
+            timeout=60,
+            message="the trainer says it waits",
+        )
+        assert client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
