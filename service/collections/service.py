@@ -186,11 +186,15 @@ def item_counts(session: Any, collection_id: str) -> dict[str, int]:
 
 
 def effective_status(session: Any, collection: Collection) -> str:
-    """The stored status, unless its job ended without the handler saying so (cancelled while still queued)."""
-    if collection.status in (QUEUED, RUNNING) and collection.job_id:
-        job = session.get(Job, collection.job_id)
-        if job is not None and job.status in TERMINAL:
-            return {"succeeded": "completed"}.get(job.status, job.status)
+    """While its job lives, the job's state (the handler records the outcome a moment before the job ends); after,
+    the recorded outcome, or the job's when the handler never ran (a job cancelled while still queued)."""
+    job = session.get(Job, collection.job_id) if collection.job_id else None
+    if job is None:
+        return collection.status
+    if job.status in (QUEUED, RUNNING):
+        return job.status
+    if collection.status in (QUEUED, RUNNING):
+        return {"succeeded": "completed"}.get(job.status, job.status)
     return collection.status
 
 
