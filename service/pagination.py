@@ -1,12 +1,20 @@
-"""Keyset pagination cursors: `{created_at in µs since the epoch}-{id}`, newest first."""
+"""Keyset pagination, newest first: cursors are `{created_at in µs since the epoch}-{id}`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, and_, or_
+from sqlalchemy.orm import Session
 
 from service.errors import ValidationFailed
 
 CURSOR_PATTERN = r"^[0-9]{1,16}-[A-Za-z0-9_-]{1,128}$"
+MAX_PAGE = 200
+
+T = TypeVar("T")
 
 
 def encode_cursor(created_at: datetime, item_id: str) -> str:
@@ -18,3 +26,19 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     if not separator or not micros.isdigit() or len(micros) > 16 or not item_id:
         raise ValidationFailed("invalid cursor: pass next_cursor of the previous page", {"field": "cursor"})
     return datetime.fromtimestamp(int(micros) / 1_000_000, UTC), item_id
+
+
+def newest_first_page(
+    session: Session, query: Select[Any], model: Any, limit: int, cursor: str | None, to_record: Callable[[T], Any]
+) -> tuple[list[Any], str | None]:
+    """One page of `query` over `model` (with `created_at` and `id`), and the cursor of the next page (or None)."""
+    limit = max(1, min(limit, MAX_PAGE))
+    if cursor:
+        created_at, last_id = decode_cursor(cursor)
+        query = query.where(
+            or_(model.created_at < created_at, and_(model.created_at == created_at, model.id < last_id))
+        )
+    rows = list(session.scalars(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1)))
+    page = rows[:limit]
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+    return [to_record(row) for row in page], next_cursor

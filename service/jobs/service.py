@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 
 from service.context import AppContext
 from service.db.models import Job
 from service.errors import InvalidState, NotFound, ValidationFailed
 from service.jobs.runner import ALL_STATES, TERMINAL
 from service.names import validate_name
-from service.pagination import decode_cursor, encode_cursor
+from service.pagination import newest_first_page
 
 
 class JobNotFound(NotFound):
@@ -48,14 +48,8 @@ def list_jobs(
         query = query.where(Job.kind == kind)
     if status:
         query = query.where(Job.status == status)
-    if cursor:
-        created_at, last_id = decode_cursor(cursor)
-        query = query.where(or_(Job.created_at < created_at, and_(Job.created_at == created_at, Job.id < last_id)))
-    limit = max(1, min(limit, 200))
     with ctx.db.session() as session:
-        jobs = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
-        records = [job_record(j) for j in jobs[:limit]]
-    next_cursor = encode_cursor(jobs[limit - 1].created_at, jobs[limit - 1].id) if len(jobs) > limit else None
+        records, next_cursor = newest_first_page(session, query, Job, limit, cursor, job_record)
     return {"jobs": records, "count": len(records), "next_cursor": next_cursor}
 
 

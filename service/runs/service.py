@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi.encoders import jsonable_encoder
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.context import AppContext
@@ -18,7 +18,7 @@ from service.db.types import utcnow
 from service.environments import service as environments
 from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
 from service.names import validate_name
-from service.pagination import decode_cursor, encode_cursor
+from service.pagination import newest_first_page
 from service.runs import config as run_config
 from service.runs import lifecycle, metrics, ratelimit
 from service.runs.launch import Ports
@@ -28,7 +28,6 @@ from supervisor.ports import free_ports
 from supervisor.process import Liveness, ProcessIdentity, identity_liveness
 from supervisor.run import read_tail
 
-MAX_PAGE = 200
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -152,21 +151,13 @@ def list_runs(
 ) -> dict[str, Any]:
     if status is not None and status not in lifecycle.ALL_STATES:
         raise ValidationFailed(f"unknown status {status!r}", {"field": "status", "available": lifecycle.ALL_STATES})
-    limit = max(1, min(limit, MAX_PAGE))
     query = select(Run)
     if status:
         query = query.where(Run.status == status)
     if environment:
         query = query.where(Run.environment == environment)
-    if cursor:
-        created_at, last_id = decode_cursor(cursor)
-        query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < last_id)))
-    query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)
     with ctx.db.session() as session:
-        runs = list(session.scalars(query))
-        page = runs[:limit]
-        records = [run_summary(run) for run in page]
-    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(runs) > limit else None
+        records, next_cursor = newest_first_page(session, query, Run, limit, cursor, run_summary)
     return {"runs": records, "count": len(records), "next_cursor": next_cursor}
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from service.datasets.importing import ImportedRecord, import_lines
 from service.datasets.reading import ItemError
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import SHARED_DATA
 
 # Every data file and the format auto-detection must give it, with its record count.
 EXPECTED_FILES: dict[str, tuple[str, int]] = {
@@ -36,7 +34,7 @@ EXPECTED_FILES: dict[str, tuple[str, int]] = {
 
 
 def shared_data_dir() -> Path:
-    return Path(os.environ.get("RLCTL_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    return SHARED_DATA
 
 
 def import_file(path: Path, fmt: str = "auto") -> list[ImportedRecord | ItemError]:

@@ -15,6 +15,7 @@ from service.db.models import Run, RunProcess
 from service.settings import Settings
 from tests.runs.conftest import wait_for_status
 from tests.support.live import live_service
+from tests.support.reaper import process_alive
 from tests.support.waiting import wait_until
 
 
@@ -77,14 +78,7 @@ def test_a_stop_asked_of_another_replica_is_carried_out_by_the_owner(
             stopped = wait_for_status(client, run_id, {"stopped"}, timeout=120)
         assert stopped["status"] == "stopped"
         pids = [p["pid"] for p in running["processes"]]
-        wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=30, message="owner stopped them")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        wait_until(lambda: not any(process_alive(pid) for pid in pids), timeout=30, message="owner stopped them")
 
 
 def _forget_foreign_process(database_url: str) -> None:

@@ -12,6 +12,7 @@ import psutil
 
 from tests.runs.conftest import wait_for_status
 from tests.support.live import LiveService, live_service
+from tests.support.reaper import process_alive
 from tests.support.waiting import wait_until
 
 
@@ -96,7 +97,7 @@ def test_a_killed_trainer_fails_the_run_and_its_siblings_go(run_settings) -> Non
         assert failure["process"] == "trainer" and failure["signal"] == signal.SIGKILL
         assert failure["kind"] == "process_exited" and failure["log_tail"]
         for role in ("api", "env"):
-            assert not _alive(processes[role]["pid"])
+            assert not process_alive(processes[role]["pid"])
 
 
 def test_no_secret_reaches_a_response_log_yaml_or_row(run_settings, process_database_url: str) -> None:  # type: ignore[no-untyped-def]
@@ -141,13 +142,6 @@ def wait_for_status_any(client: httpx.Client, run_id: str, statuses: set[str], t
         timeout=timeout,
         message=f"run {run_id} reaching {statuses}",
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _dump_database(url: str) -> str:

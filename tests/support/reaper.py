@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 from sqlalchemy import select
 
 from service.db.engine import Database
@@ -30,3 +31,11 @@ def stop_run_processes(database_url: str) -> list[int]:
             SupervisedProcess.adopt(role, identity, Path("/dev/null")).terminate(grace_s=5)
             stopped.append(identity.pid)
     return stopped
+
+
+def process_alive(pid: int) -> bool:
+    """A live process (a zombie waiting to be reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
