@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 
 from service.collections.schemas import CreateCollectionRequest
 from service.context import AppContext
@@ -22,7 +22,7 @@ from service.errors import InvalidState, ValidationFailed
 from service.jobs.runner import QUEUED, RUNNING, TERMINAL
 from service.jobs.service import job_record
 from service.names import validate_name
-from service.pagination import decode_cursor, encode_cursor
+from service.pagination import newest_first_page
 
 JOB_KIND = "collection_run"
 KEPT, DISCARDED, FAILED = "kept", "discarded", "failed"
@@ -78,20 +78,10 @@ def list_collections(
     query = select(Collection)
     if status:
         query = query.where(Collection.status == status)
-    if cursor:
-        created_at, last_id = decode_cursor(cursor)
-        query = query.where(
-            or_(
-                Collection.created_at < created_at,
-                and_(Collection.created_at == created_at, Collection.id < last_id),
-            )
-        )
-    limit = max(1, min(limit, MAX_PAGE))
     with ctx.db.session() as session:
-        ordered = query.order_by(Collection.created_at.desc(), Collection.id.desc())
-        rows = list(session.scalars(ordered.limit(limit + 1)))
-        records = [_collection_record(session, row) for row in rows[:limit]]
-    next_cursor = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+        records, next_cursor = newest_first_page(
+            session, query, Collection, limit, cursor, lambda row: _collection_record(session, row)
+        )
     return {"collections": records, "count": len(records), "next_cursor": next_cursor}
 
 
@@ -144,6 +134,8 @@ def cancel_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
             details = {"collection_id": collection_id, "status": collection.status}
             raise InvalidState(f"collection {collection_id} is not running", details)
     ctx.jobs.cancel(job.id)
+    if job.status == QUEUED:  # the runner ends a queued job at once; its handler never runs to record it
+        mark(ctx, collection_id, status="cancelled")
     return get_collection(ctx, collection_id)
 
 

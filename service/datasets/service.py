@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 
 from service.context import AppContext
 from service.datasets import env_scorer
@@ -37,11 +37,11 @@ from service.errors import ValidationFailed
 from service.jobs.runner import QUEUED, RUNNING
 from service.jobs.service import get_job
 from service.names import validate_name
-from service.pagination import decode_cursor, encode_cursor
+from service.pagination import newest_first_page
 
 logger = logging.getLogger("rlctl.datasets")
 
-MAX_PAGE = 200
+MAX_METRICS_PAGE = 200
 MAX_RECORDS_PAGE = 100
 MAX_REPORTED_ERRORS = 100
 DATASET_JOB_KINDS = ("dataset_filter", "dataset_compress", "dataset_score", "dataset_export_grpo")
@@ -162,16 +162,8 @@ def list_datasets(
         query = query.where(Dataset.operation == operation)
     if parent_id:
         query = query.where(Dataset.parent_id == parent_id)
-    if cursor:
-        created_at, last_id = decode_cursor(cursor)
-        query = query.where(
-            or_(Dataset.created_at < created_at, and_(Dataset.created_at == created_at, Dataset.id < last_id))
-        )
-    limit = max(1, min(limit, MAX_PAGE))
     with ctx.db.session() as session:
-        rows = list(session.scalars(query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)))
-        records = [dataset_record(row) for row in rows[:limit]]
-    next_cursor = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+        records, next_cursor = newest_first_page(session, query, Dataset, limit, cursor, dataset_record)
     return {"datasets": records, "count": len(records), "next_cursor": next_cursor}
 
 
@@ -194,7 +186,7 @@ def read_compression_metrics(ctx: AppContext, dataset_id: str, offset: int = 0, 
     dataset = get_dataset(ctx, dataset_id)
     files = dataset_store(ctx).files(dataset_id)
     total = dataset["record_count"] if files.compression.exists() else 0
-    offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
+    offset, limit = max(0, offset), max(1, min(limit, MAX_METRICS_PAGE))
     lines = read_page(files.compression, files.compression_index, offset, limit) if offset < total else []
     return {**_page(dataset_id, offset, limit, total, len(lines)), "metrics": [json.loads(line) for line in lines]}
 

@@ -280,6 +280,9 @@ def test_a_collection_cancelled_while_queued_can_resume(make_settings: Callable[
         second = client.post("/collections", json=body).json()
         assert second["status"] == "queued" and second["job"]["status"] == "queued"
         assert client.post(f"/collections/{second['id']}/cancel").json()["status"] == "cancelled"
+        assert [c["id"] for c in client.get("/collections", params={"status": "cancelled"}).json()["collections"]] == [
+            second["id"]
+        ]
         assert client.post(f"/collections/{second['id']}/resume").status_code == 202
         release.set()
         for collection_id in (first, second["id"]):

@@ -51,6 +51,13 @@ def test_every_real_file_uploads_detected_and_named_with_stats_of_the_pure_logic
             assert reasoning["coverage"] == reasoning["records_with_reasoning"] / count
         listed = client.get("/datasets", params={"name": "real", "limit": 200}).json()
         assert listed["count"] == len(EXPECTED_FILES)
+        paged, cursor = [], None
+        while True:
+            page = client.get("/datasets", params={"limit": 7, **({"cursor": cursor} if cursor else {})}).json()
+            paged.extend(page["datasets"])
+            if (cursor := page["next_cursor"]) is None:
+                break
+        assert len(paged) == 2 * len(EXPECTED_FILES) == len({d["id"] for d in paged})
 
 
 def test_tool_failure_rates_follow_the_spec_rule_on_tau_bench(service: LiveService, trajectories: Path) -> None:
