@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 
 from service.context import AppContext
@@ -29,6 +30,7 @@ from service.datasets.importing import FORMAT_NAMES, import_item
 from service.datasets.reading import ItemError
 from service.datasets.records import record_from_dict
 from service.datasets.rewards import BUILTIN_REWARDS
+from service.datasets.schemas import CompressRequest, FilterRequest, GrpoExportRequest, ScoreRequest
 from service.datasets.store import DatasetStore, read_page
 from service.datasets.tokenizers import load_counter, resolve_tokenizer
 from service.datasets.uploads import UndecodableUpload, upload_items
@@ -230,7 +232,7 @@ def delete_dataset(ctx: AppContext, dataset_id: str) -> None:
 
 def start_filter(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
     parent = get_dataset(ctx, dataset_id)
-    params = dict(params)
+    params = validated(FilterRequest, params)
     params["tokenizer"] = resolve_tokenizer(ctx.settings, params.get("tokenizer"))
     if params.get("allowed_tools") is not None:
         params["allowed_tools"] = sorted(set(params["allowed_tools"]))
@@ -239,7 +241,7 @@ def start_filter(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> di
 
 def start_compression(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
     parent = get_dataset(ctx, dataset_id)
-    params = dict(params)
+    params = validated(CompressRequest, params)
     params["tokenizer"] = resolve_tokenizer(ctx.settings, params.get("tokenizer"))
     choice = params.get("summarizer", "auto")
     configured = summary_endpoint(ctx) is not None
@@ -256,6 +258,7 @@ def start_compression(ctx: AppContext, dataset_id: str, params: dict[str, Any]) 
 
 def start_scoring(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
     parent = get_dataset(ctx, dataset_id)
+    params = validated(ScoreRequest, params)
     names = [reward["name"] for reward in params["rewards"]]
     if len(set(names)) != len(names):
         raise ValidationFailed("each reward function may appear once", {"rewards": names})
@@ -272,10 +275,21 @@ def start_scoring(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> d
 
 def start_grpo_export(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
     parent = get_dataset(ctx, dataset_id)
+    params = validated(GrpoExportRequest, params)
     job_id = ctx.jobs.submit(
         "dataset_export_grpo", {**params, "dataset_id": parent["id"]}, total=parent["record_count"]
     )
     return get_job(ctx, job_id)
+
+
+def validated(request_model: type[BaseModel], params: dict[str, Any]) -> dict[str, Any]:
+    """An operation's parameters with their defaults, checked by the same model as the REST request body
+    (callers other than the routes, e.g. the agent tools, pass partial dicts)."""
+    try:
+        return request_model.model_validate(params).model_dump()
+    except ValidationError as error:
+        errors = [{"location": list(e["loc"]), "message": e["msg"]} for e in error.errors()]
+        raise ValidationFailed("the operation's parameters are not valid", {"errors": errors}) from None
 
 
 def summary_endpoint(ctx: AppContext) -> tuple[str, str] | None:

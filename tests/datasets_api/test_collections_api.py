@@ -17,16 +17,15 @@ from service.db.engine import Database
 from service.db.models import CollectionItem, Job
 from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
-from tests.support.live import free_port, live_service
+from tests.support.endpoints import tiny_model_endpoint
+from tests.support.live import live_service
 from tests.support.waiting import wait_until
-from trainer.backends.local import LocalBackend
-from trainer.config import parse_config
-from trainer.inference_server import InferenceServer, create_app
 from trainer.tiny_model import init_tiny_model
 
 PROMPTS = ["Add 2 and 3.", "Name a colour.", "Add 2 and 3.", "Spell cat.", "Add 2 and 3."] * 2  # duplicates
 COLLECTION_KEY = "sk-collection-secret-42"
 OPENROUTER_KEY = "sk-or-secret-77"
+TINY_AGENT = "tiny/agent"
 
 
 class TinyEndpoint:
@@ -40,25 +39,8 @@ class TinyEndpoint:
 @pytest.fixture(scope="module")
 def tiny_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyEndpoint]:
     model_dir = init_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", seed=0)
-    port = free_port()
-    config = parse_config(
-        {
-            "env": {"rollout_server_url": "http://127.0.0.1:1"},
-            "tinker": {
-                "base_model": str(model_dir),
-                "run_dir": str(tmp_path_factory.mktemp("run")),
-                "inference_port": port,
-                "device": "cpu",
-            },
-        }
-    )
-    backend = LocalBackend(config)
-    server = InferenceServer(create_app(backend), "127.0.0.1", port)
-    server.start()
-    try:
-        yield TinyEndpoint(f"http://127.0.0.1:{port}/v1", backend.model_name)
-    finally:
-        server.stop()
+    with tiny_model_endpoint(model_dir, tmp_path_factory.mktemp("run"), [TINY_AGENT]) as url:
+        yield TinyEndpoint(url, TINY_AGENT)
 
 
 def request_body(endpoint: TinyEndpoint, **overrides: Any) -> dict[str, Any]:

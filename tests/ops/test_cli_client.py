@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 
 from service.jobs.runner import JobFailed, JobHandle, JobKind
@@ -185,14 +184,3 @@ def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settin
         ]
         ended = rlctl(live.base_url, "jobs", "cancel", job_id)
         assert ended.returncode == 1 and "409 INVALID_STATE" in ended.stderr
-
-
-def test_commands_of_routes_not_yet_served_report_the_404(tmp_path: Path) -> None:
-    """The datasets and inference-test routes come from other branches; until they are served here, the
-    commands fail cleanly. Once they are, this test skips itself: test those commands against the routes."""
-    with live_service(sqlite_settings(tmp_path)) as live:
-        for command in (("datasets", "list"),):
-            result = rlctl(live.base_url, *command)
-            if result.returncode == 0:
-                pytest.skip(f"{' '.join(command)} is served now: test it against the real route")
-            assert result.returncode == 1 and "404" in result.stderr and "Traceback" not in result.stderr
