@@ -40,20 +40,20 @@ FOLLOW_POLL_S = 0.25
     response_model=RunOut,
     status_code=201,
     summary="Start a training run",
-    responses={200: {"model": RunOut, "description": "The run an earlier request with this key created"}}
-    | error_responses(404, 409, 413, 422),
+    responses=error_responses(404, 409, 413, 422),
 )
 async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> dict:
     """Validate the config, record the run, then start its three processes (API, trainer, environment).
 
     The response comes at once with status `pending` or `starting`; poll `GET /runs/{id}`. With an
-    `idempotency_key`, a retried request returns the run the first one created (200) instead of a new one.
+    `idempotency_key`, a retried request gets the run the first one created (header `Idempotent-Replayed: true`)
+    instead of a new one.
     """
     run, created = await run_in_threadpool(
         service.create_run, ctx, ctx.runs, body.environment, body.config, body.backend, body.idempotency_key
     )
     if not created:
-        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
     return run
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.conftest import build_settings
@@ -217,3 +218,20 @@ def test_malformed_json_is_a_validation_error(client: httpx.Client) -> None:
     )
     assert response.status_code == 422
     assert error_code(response) == "VALIDATION_ERROR"
+
+
+def test_an_environment_whose_import_hangs_times_out_clearly(tmp_path: Path) -> None:
+    """The config schema comes from a child process with a time-out: a hanging import is an error, not a hang."""
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(600)\nclass Slow(BaseEnv):\n    pass\n")
+    settings = build_settings(
+        tmp_path / "var", f"sqlite:///{tmp_path / 'rlctl.db'}", environment_dirs=str(tmp_path), schema_timeout_s=2
+    )
+    with live_service(settings) as live, live.client() as client:
+        response = client.get("/environments/slow")
+        assert response.status_code == 422
+        assert response.json()["error"]["code"] == "ENVIRONMENT_LOAD_FAILED"
+        assert "longer than 2 s" in response.json()["error"]["message"]
+        assert {"slow", "gsm8k"} <= {e["name"] for e in client.get("/environments").json()["environments"]}
+    slow_file = str(tmp_path / "slow.py")
+    children = [p for p in psutil.process_iter(["cmdline"]) if slow_file in " ".join(p.info["cmdline"] or [])]
+    assert not children, "the timed-out child is still running"

@@ -75,8 +75,9 @@ def test_the_same_idempotency_key_gives_the_same_run(service: LiveService) -> No
     with service.client() as client:
         first = client.post("/runs", json=body)
         again = client.post("/runs", json=body)
-        assert first.status_code == 201 and again.status_code == 200
+        assert first.status_code == 201 and again.status_code == 201
         assert again.json()["id"] == first.json()["id"]
+        assert again.headers["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first.headers
         other = client.post("/runs", json={**body, "config": {"group_size": 4, "batch_size": 16}})
         assert other.status_code == 422 and "different request" in other.json()["error"]["message"]
         assert client.get("/runs").json()["count"] == 1
