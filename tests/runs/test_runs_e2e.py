@@ -102,8 +102,8 @@ def test_a_killed_trainer_fails_the_run_and_its_siblings_go(run_settings) -> Non
 
 def test_no_secret_reaches_a_response_log_yaml_or_row(run_settings, process_database_url: str) -> None:  # type: ignore[no-untyped-def]
     planted = {
-        "tinker_api_key": "tml-PLANTEDtinkerSECRET0123456789",
-        "openrouter_api_key": "sk-or-PLANTEDopenrouterSECRET0123",
+        "tinker_api_key": "tml-PLANTED_tinker_SECRET_0123",
+        "openrouter_api_key": "sk-or-PLANTED_openrouter_SECRET",
         "api_token": "PLANTEDapiTOKEN0123456789",
     }
     settings = run_settings(**planted)
