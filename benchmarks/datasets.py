@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.datasets.records import record_from_dict  # noqa: E402
 from service.datasets.tokens import ApproximateTokenCounter  # noqa: E402
+from supervisor.ports import free_ports  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORDS = (
@@ -152,7 +153,7 @@ class Service:
 
 
 def start_service(data_dir: Path) -> Service:
-    port = _free_port()
+    port = free_ports(1)[0]
     environment = {**os.environ, "RLCTL_DATA_DIR": str(data_dir), "RLCTL_DATASET_UPLOAD_MAX_BYTES": str(8 << 30)}
     for secret in ("OPENROUTER_API_KEY", "RLCTL_SUMMARY_BASE_URL", "RLCTL_API_TOKEN"):
         environment.pop(secret, None)
@@ -286,14 +287,6 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"peak RSS {phase}: {small[phase][1] / 2**20:.0f} MiB at {small['records']} records, "
                 f"{large[phase][1] / 2**20:.0f} MiB at {large['records']} records (× {growth:.2f})"
             )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> int:

@@ -35,6 +35,7 @@ from service.db import migrate  # noqa: E402
 from service.db.engine import Database  # noqa: E402
 from service.db.models import Run  # noqa: E402
 from service.settings import normalize_database_url  # noqa: E402
+from supervisor.ports import free_ports  # noqa: E402
 
 REFERENCE_STARTUP_S = 135.0
 
@@ -160,7 +161,7 @@ def _database(name: str, url: str | None, postgres: str | None):  # type: ignore
 @contextmanager
 def _service(database_url: str, data_dir: Path):  # type: ignore[no-untyped-def]
     migrate.upgrade(Database(database_url))
-    port = _free_port()
+    port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
     env.update(
         RLCTL_DATABASE_URL=database_url,
@@ -189,14 +190,6 @@ def _service(database_url: str, data_dir: Path):  # type: ignore[no-untyped-def]
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

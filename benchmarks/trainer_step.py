@@ -14,7 +14,6 @@ import argparse
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from supervisor.ports import free_ports  # noqa: E402
 from trainer.atropos import AtroposClient, Registration  # noqa: E402
 from trainer.backends.base import SamplingRequest  # noqa: E402
 from trainer.backends.local import LocalBackend  # noqa: E402
@@ -35,12 +35,6 @@ from trainer.loop import StepTimings, train_on_batch  # noqa: E402
 from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 PHASES = ("wait_for_batch_s", "datum_build_s", "forward_backward_s", "optimizer_s", "publish_s")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_api(port: int) -> subprocess.Popen:
@@ -109,14 +103,14 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="rlctl-bench-"))
     model_dir = init_tiny_model(workdir / "tiny-qwen3")
-    api_port = free_port()
+    api_port = free_ports(1)[0]
     config = parse_config(
         {
             "env": {"rollout_server_url": f"http://127.0.0.1:{api_port}"},
             "tinker": {
                 "base_model": str(model_dir),
                 "run_dir": str(workdir / "run"),
-                "inference_port": free_port(),
+                "inference_port": free_ports(1)[0],
                 "device": args.device,
                 "learning_rate": args.learning_rate,
             },

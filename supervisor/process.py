@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -62,7 +62,6 @@ class ProcessSpec:
     log_path: Path
     ready: Callable[[], bool] | None = None  # answers True once the process serves
     ready_timeout_s: float = 60.0
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def identity_liveness(identity: ProcessIdentity) -> Liveness:

@@ -102,10 +102,6 @@ class RunSupervisor:
             return not self._thread.is_alive()
         return True
 
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def _launch(self, adopted: dict[str, SupervisedProcess] | None) -> None:
         self._thread = threading.Thread(
             target=self._supervise, args=(adopted,), name=f"run-{self.plan.run_id}", daemon=True

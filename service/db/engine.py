@@ -21,10 +21,6 @@ class Database:
         self.engine = _create_engine(self.url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.engine.dialect.name == "sqlite"
-
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A unit of work: committed when the block ends, rolled back on error."""

@@ -21,7 +21,6 @@ class ClassInfo:
     name_attr: str | None
     description: str
     config_class: str | None
-    lineno: int
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,6 @@ def _class_info(node: ast.ClassDef) -> ClassInfo:
         name_attr=_string_class_attribute(node, "name"),
         description=docstring.strip().splitlines()[0].strip() if docstring.strip() else "",
         config_class=_name_class_attribute(node, "env_config_cls"),
-        lineno=node.lineno,
     )
 
 

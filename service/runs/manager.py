@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select, update
 
@@ -23,7 +22,7 @@ from service.runs import lifecycle, metrics
 from service.runs.launch import Ports, process_specs
 from service.runs.paths import RunPaths
 from supervisor.process import ExitStatus, Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
-from supervisor.run import START_ORDER, TRAINER, Outcome, RunPlan, RunSupervisor
+from supervisor.run import START_ORDER, TRAINER, Failure, Outcome, RunPlan, RunSupervisor
 from trainer.tiny_model import init_tiny_model
 
 logger = logging.getLogger("rlctl.runs")
@@ -76,9 +75,10 @@ class RunManager:
         except Exception as exc:  # noqa: BLE001 - a run that cannot be planned fails with the reason
             self._fail_before_start(run_id, f"{type(exc).__name__}: {exc}")
             return
-        plan = self._plan(run_id, paths, specs)
+        events = _PersistingEvents(self, run_id, paths)
+        plan = self._plan(run_id, paths, specs, events)
         plan.prepare = self._preparation(backend)
-        supervisor = RunSupervisor(plan, _PersistingEvents(self, run_id, paths))
+        supervisor = RunSupervisor(plan, events)
         with self._lock:
             self._supervisors[run_id] = supervisor
         supervisor.start()
@@ -102,12 +102,6 @@ class RunManager:
     def supervisor(self, run_id: str) -> RunSupervisor | None:
         with self._lock:
             return self._supervisors.get(run_id)
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no supervisor thread of this replica is alive (tests, shutdown)."""
-        with self._lock:
-            supervisors = list(self._supervisors.values())
-        return all(s.join(timeout) for s in supervisors)
 
     # --- restart safety ---
 
@@ -146,7 +140,8 @@ class RunManager:
         if status == lifecycle.STARTING:
             self._fail_interrupted_startup(run_id, processes)
             return
-        supervisor = RunSupervisor(self._plan(run_id, paths, []), _PersistingEvents(self, run_id, paths))
+        events = _PersistingEvents(self, run_id, paths)
+        supervisor = RunSupervisor(self._plan(run_id, paths, [], events), events)
         with self._lock:
             self._supervisors[run_id] = supervisor
         logger.info("run %s: re-adopting %s", run_id, sorted(processes))
@@ -161,14 +156,9 @@ class RunManager:
         for role in reversed(START_ORDER):
             if role in processes:
                 events.process_exited(processes[role], processes[role].terminate(self.ctx.settings.stop_grace_s))
-        failure = {
-            "kind": "startup_error",
-            "message": "the service restarted while this run was starting; its processes were stopped",
-            "process": None,
-            "exit_code": None,
-            "signal": None,
-            "log_tail": [],
-        }
+        failure = Failure(
+            "startup_error", "the service restarted while this run was starting; its processes were stopped"
+        ).to_dict()
         with self.ctx.db.session() as session:
             lifecycle.transition(session, run_id, lifecycle.FAILED, failure=failure)
 
@@ -185,14 +175,8 @@ class RunManager:
                 )
             ).all()
             for run in stale:
-                failure = {
-                    "kind": "owner_lost",
-                    "message": f"replica {run.owner_id} stopped heartbeating at {run.heartbeat_at:%Y-%m-%dT%H:%M:%SZ}",
-                    "process": None,
-                    "exit_code": None,
-                    "signal": None,
-                    "log_tail": [],
-                }
+                message = f"replica {run.owner_id} stopped heartbeating at {run.heartbeat_at:%Y-%m-%dT%H:%M:%SZ}"
+                failure = Failure("owner_lost", message).to_dict()
                 lifecycle.transition(session, run.id, lifecycle.FAILED, failure=failure)
 
     def _heartbeat_loop(self) -> None:
@@ -210,14 +194,14 @@ class RunManager:
 
     # --- plans ---
 
-    def _plan(self, run_id: str, paths: RunPaths, specs: list) -> RunPlan:  # type: ignore[type-arg]
+    def _plan(self, run_id: str, paths: RunPaths, specs: list, events: _PersistingEvents) -> RunPlan:  # type: ignore[type-arg]
         settings = self.ctx.settings
         return RunPlan(
             run_id=run_id,
             specs=specs,
-            progress=lambda: _last_step(paths),
+            progress=lambda: events.trainer_step,  # read by the tick just before: no second read
             finished_steps=lambda role: _finished_steps(paths, role),
-            scrub=self.scrub,
+            scrub=self.ctx.scrub,
             stop_grace_s=settings.stop_grace_s,
             poll_interval_s=settings.monitor_interval_s,
             stall_after_s=settings.stall_after_s,
@@ -231,22 +215,14 @@ class RunManager:
             return None
         return lambda: init_tiny_model(settings.tiny_model_dir)
 
-    def scrub(self, text: str) -> str:
-        return self.ctx.scrub(text)
-
     def _fail_before_start(self, run_id: str, message: str) -> None:
-        failure = {"kind": "startup_error", "message": self.scrub(message), "process": None}
+        failure = Failure("startup_error", self.ctx.scrub(message)).to_dict()
         with self.ctx.db.session() as session:
             lifecycle.transition(session, run_id, lifecycle.FAILED, failure=failure)
 
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._supervisors.pop(run_id, None)
-
-
-def _last_step(paths: RunPaths) -> Any:
-    state = paths.read_trainer_state()
-    return state.get("step") if state else None
 
 
 def _finished_steps(paths: RunPaths, role: str) -> bool | None:
@@ -267,6 +243,7 @@ class _PersistingEvents:
         self.run_id = run_id
         self.paths = paths
         self.cursors = metrics.MetricsCursors()
+        self.trainer_step: int | None = None  # from trainer_state.json at the last tick
 
     def process_started(self, process: SupervisedProcess) -> None:
         with self.db.session() as session:
@@ -318,6 +295,7 @@ class _PersistingEvents:
 
     def _sync(self) -> None:
         state = self.paths.read_trainer_state() or {}
+        self.trainer_step = state.get("step")
         with self.db.session() as session:
             step = metrics.ingest(session, self.paths, self.cursors)
             run = session.get(Run, self.run_id)

@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from service.db.models import Run, RunMetric
+from service.db.models import RunMetric
 from service.runs.paths import RunPaths
 
 logger = logging.getLogger("rlctl.runs.metrics")
@@ -135,9 +135,3 @@ def history(
     for name, step, value in session.execute(query.order_by(RunMetric.name, RunMetric.step)):
         series.setdefault(name, []).append([step, value])
     return series
-
-
-def record_last_step(session: Session, run_id: str, step: int) -> None:
-    run = session.get(Run, run_id)
-    if run is not None and (run.last_step is None or step > run.last_step):
-        run.last_step = step

@@ -144,7 +144,7 @@ async def get_run_log(
     follow: Annotated[bool, Query(description="Keep streaming new lines until the run ends.")] = False,
 ) -> Response:
     """The last `tail` lines; with `follow=true`, then every new line as it is written, until the run ends."""
-    text = await run_in_threadpool(service.log_tail, ctx, ctx.runs, run_id, process, tail)
+    text = await run_in_threadpool(service.log_tail, ctx, run_id, process, tail)
     if not follow:
         return PlainTextResponse(text)
     return StreamingResponse(_follow(ctx, request, run_id, process, text), media_type="text/plain")
@@ -160,13 +160,13 @@ async def _follow(ctx: AppContext, request: Request, run_id: str, role: str, fir
         pending += chunk
         if b"\n" in pending:
             complete, _, pending = pending.rpartition(b"\n")
-            yield ctx.runs.scrub(complete.decode("utf-8", errors="replace")) + "\n"
+            yield ctx.scrub(complete.decode("utf-8", errors="replace")) + "\n"
         elif not chunk and await run_in_threadpool(service.is_terminal, ctx, run_id):
             break
         if not chunk:
             await asyncio.sleep(FOLLOW_POLL_S)
     if pending:
-        yield ctx.runs.scrub(pending.decode("utf-8", errors="replace"))
+        yield ctx.scrub(pending.decode("utf-8", errors="replace"))
 
 
 def _read_from(path, offset: int) -> tuple[bytes, int]:  # type: ignore[no-untyped-def]

@@ -352,9 +352,9 @@ def log_path(ctx: AppContext, run_id: str, role: str) -> RunPaths:
     return RunPaths(ctx.settings.data_path, run_id)
 
 
-def log_tail(ctx: AppContext, manager: RunManager, run_id: str, role: str, lines: int) -> str:
+def log_tail(ctx: AppContext, run_id: str, role: str, lines: int) -> str:
     paths = log_path(ctx, run_id, role)
-    return "".join(manager.scrub(line) + "\n" for line in read_tail(paths.log(role), lines))
+    return "".join(ctx.scrub(line) + "\n" for line in read_tail(paths.log(role), lines))
 
 
 def is_terminal(ctx: AppContext, run_id: str) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,13 +13,12 @@ from fastapi import FastAPI
 
 from service.app import create_app
 from service.settings import Settings
+from supervisor.ports import free_ports
 from tests.support.waiting import wait_until
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,24 +19,6 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SECRETS = ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def shared_gsm8k_dir() -> Path | None:
-    """GSM8K's JSONL files in ../shared/data beside the checkout; read there, never copied."""
-    for candidate in (
-        os.environ.get("RLCTL_SHARED_DATA"),
-        REPO_ROOT.parent / "shared" / "data",
-        "/work/shared/data",
-    ):
-        if candidate and (Path(candidate) / "gsm8k" / "train.jsonl").exists():
-            return Path(candidate) / "gsm8k"
-    return None
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.live import free_port
 from tests.trainer.pipeline import (
     child_environment,
-    free_port,
     processes,
     start_api,
     start_environment,

@@ -9,15 +9,14 @@ import signal
 from pathlib import Path
 
 import httpx
-import pytest
 
+from tests.conftest import SHARED_DATA
+from tests.support.live import free_port
 from tests.trainer.pipeline import (
     REPO_ROOT,
     child_environment,
-    free_port,
     metric_lines,
     processes,
-    shared_gsm8k_dir,
     start_api,
     start_environment,
     start_trainer,
@@ -28,12 +27,7 @@ from tests.trainer.pipeline import (
 )
 
 GSM8K_ENV = REPO_ROOT / "environments" / "gsm8k.py"
-GSM8K_DATA = shared_gsm8k_dir()
-
-pytestmark = [
-    pytest.mark.skipif(not GSM8K_ENV.exists(), reason="needs environments/gsm8k.py"),
-    pytest.mark.skipif(GSM8K_DATA is None, reason="needs GSM8K JSONL in ../shared/data/gsm8k"),
-]
+GSM8K_DATA = SHARED_DATA / "gsm8k"  # read there, never copied
 
 
 def test_gsm8k_rollouts_flow_and_the_trainer_reports_waiting(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -48,7 +42,6 @@ def test_gsm8k_rollouts_flow_and_the_trainer_reports_waiting(tiny_model_dir: Pat
         group_size=4,
         batch_size=8,
         env={
-            "dataset_path": str(GSM8K_DATA),
             "max_new_tokens": 24,
             "eval_items": 0,
             "steps_per_eval": 1000,

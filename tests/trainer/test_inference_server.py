@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.trainer.pipeline import free_port
+from tests.support.live import free_port
 from trainer.backends.local import LocalBackend
 from trainer.config import parse_config
 from trainer.inference_server import InferenceServer, create_app

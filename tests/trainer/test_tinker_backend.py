@@ -17,9 +17,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from tests.support.live import free_port
 from tests.trainer.pipeline import (
     child_environment,
-    free_port,
     processes,
     start_api,
     start_trainer,

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.live import free_port
 from tests.trainer.pipeline import (
     child_environment,
-    free_port,
     metric_lines,
     processes,
     start_api,
