@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,7 +109,7 @@ def require_backend(ctx: AppContext, backend: str) -> None:
 
 
 def new_run_id() -> str:
-    return hashlib.sha256(f"{time.time_ns()}-{id(object())}".encode()).hexdigest()[:12]
+    return uuid.uuid4().hex[:12]
 
 
 def _request_hash(environment: str, edits: dict[str, Any], backend: str | None) -> str:

@@ -105,7 +105,7 @@ def argument_problem(tool: Tool, arguments: Any) -> dict[str, Any] | None:
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(lenient).iter_errors(arguments))
     if error is None:
         return None
-    argument = error.path[0] if error.path else _unknown_or_missing(error, tool)
+    argument = error.path[0] if error.path else _named_in(error)
     return {
         "error": f"argument {argument!r}: {error.message}",
         "code": "VALIDATION_ERROR",
@@ -129,9 +129,9 @@ def _allows_null(schema: dict[str, Any]) -> bool:
     return any(option.get("type") == "null" for option in schema.get("anyOf", []))
 
 
-def _unknown_or_missing(error: jsonschema.ValidationError, tool: Tool) -> str:
-    if error.validator == "required":
-        return str(error.message).split("'")[1]
-    if error.validator == "additionalProperties":
+def _named_in(error: jsonschema.ValidationError) -> str:
+    """The argument a top-level error is about: jsonschema quotes it first in the message of a missing
+    ("'run_id' is a required property") or an unexpected ("... ('surprise' was unexpected)") property."""
+    if error.validator in ("required", "additionalProperties") and "'" in str(error.message):
         return str(error.message).split("'")[1]
     return "arguments"
