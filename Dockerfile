@@ -22,6 +22,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY service ./service
 COPY supervisor ./supervisor
 COPY trainer ./trainer
+COPY trajectories ./trajectories
 COPY environments ./environments
 COPY migrations ./migrations
 # Editable: the service finds environments/ and migrations/ beside its package, as in a checkout.

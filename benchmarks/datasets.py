@@ -36,9 +36,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.datasets.records import record_from_dict  # noqa: E402
-from service.datasets.tokens import ApproximateTokenCounter  # noqa: E402
 from supervisor.ports import free_ports  # noqa: E402
+from trajectories.records import record_from_dict  # noqa: E402
+from trajectories.tokens import ApproximateTokenCounter  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORDS = (

@@ -23,10 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from service.app import register_job_kinds  # noqa: E402
 from service.context import build_context  # noqa: E402
 from service.db import migrate  # noqa: E402
 from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
-from service.jobs.kinds import register_job_kinds  # noqa: E402
 from service.jobs.runner import JobRunner  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.conftest import SHARED_DATA  # noqa: E402

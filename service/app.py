@@ -12,16 +12,18 @@ from starlette.routing import Route
 from starlette.types import Scope
 
 from service.auth import require_token
+from service.collections import jobs as collection_jobs
 from service.collections import routes as collection_routes
 from service.context import AppContext, build_context
+from service.datasets import jobs as dataset_jobs
 from service.datasets import routes as dataset_routes
 from service.datasets.service import open_datasets
 from service.db import migrate
 from service.environments.routes import router as environments_router
 from service.health.routes import router as health_router
 from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from service.inference_tests import jobs as inference_test_jobs
 from service.inference_tests.routes import router as inference_tests_router
-from service.jobs.kinds import register_job_kinds
 from service.jobs.routes import router as jobs_router
 from service.jobs.runner import JobRunner
 from service.monitoring import install_monitoring
@@ -41,6 +43,12 @@ REST control plane for reinforcement-learning fine-tuning of language models on 
 Every route but `/healthz`, `/readyz` and the docs needs `Authorization: Bearer $RLCTL_API_TOKEN` when the
 server has a token. Errors share one body: `{"error": {"code", "message", "details"}}`.
 """
+
+
+def register_job_kinds(runner: JobRunner) -> None:
+    """Every domain's background jobs: each domain's `jobs.job_kinds()`, registered here where the app is built."""
+    for kind in (*dataset_jobs.job_kinds(), *collection_jobs.job_kinds(), *inference_test_jobs.job_kinds()):
+        runner.register(kind)
 
 
 def create_app(settings: Settings | None = None, migrate_on_start: bool = True) -> FastAPI:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajectories.grpo import group_advantages
+
 PROMPT_MASK = -100
 
 
@@ -44,12 +46,6 @@ class PreparedBatch:
     @property
     def num_sequences(self) -> int:
         return len(self.rewards)
-
-
-def group_advantages(scores: Sequence[float]) -> list[float]:
-    """Group-relative advantages: each score minus the group mean."""
-    mean = sum(scores) / len(scores)
-    return [score - mean for score in scores]
 
 
 def build_datum(

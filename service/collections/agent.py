@@ -17,7 +17,7 @@ from typing import Any
 import openai
 
 from service.collections.tools import Toolbox
-from service.datasets.tags import parse_tagged_tool_calls
+from trajectories.tags import parse_tagged_tool_calls
 
 _TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>", re.DOTALL)
 

@@ -9,13 +9,13 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from service.datasets.records import TrajectoryRecord, record_to_dict
-from service.datasets.stats import DatasetStats, compute_record_stats
 from service.datasets.store import DatasetFiles, DatasetStore, IndexedJsonlWriter, write_json_atomically
 from service.datasets.tokenizers import MemoCounter
-from service.datasets.tokens import TokenCounter
 from service.db.models import Dataset
 from service.db.types import utcnow
+from trajectories.records import TrajectoryRecord, record_to_dict
+from trajectories.stats import DatasetStats, compute_record_stats
+from trajectories.tokens import TokenCounter
 
 
 def new_dataset_id() -> str:

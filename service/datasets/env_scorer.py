@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from service.context import AppContext
-from service.datasets.records import TrajectoryRecord
 from service.environments.catalog import child_process_environment
 from service.errors import NotFound
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES
+from trajectories.records import TrajectoryRecord
 
 SCORER_FUNCTION = "score_completion"
 RECORD_TIMEOUT_S = 30.0

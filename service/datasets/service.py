@@ -26,10 +26,6 @@ from service.datasets.errors import (
     SummarizerNotConfigured,
     UnknownReward,
 )
-from service.datasets.importing import FORMAT_NAMES, import_item
-from service.datasets.reading import ItemError
-from service.datasets.records import record_from_dict
-from service.datasets.rewards import BUILTIN_REWARDS
 from service.datasets.schemas import CompressRequest, FilterRequest, GrpoExportRequest, ScoreRequest
 from service.datasets.store import DatasetStore, read_page
 from service.datasets.tokenizers import load_counter, resolve_tokenizer
@@ -40,6 +36,10 @@ from service.jobs.runner import QUEUED, RUNNING
 from service.jobs.service import get_job
 from service.names import validate_name
 from service.pagination import newest_first_page
+from trajectories.importing import FORMAT_NAMES, import_item
+from trajectories.reading import ItemError
+from trajectories.records import record_from_dict
+from trajectories.rewards import BUILTIN_REWARDS
 
 logger = logging.getLogger("rlctl.datasets")
 

@@ -1,7 +1,7 @@
 """Dataset files under the data directory: records as JSON Lines plus an offsets index, staged then renamed.
 
 ```
-datasets/{id}/records.jsonl       one stored record per line (service/datasets/records.py)
+datasets/{id}/records.jsonl       one stored record per line (trajectories/records.py)
 datasets/{id}/records.idx         8-byte little-endian byte offset of each line: record i is at idx[8 i]
 datasets/{id}/meta.json           counts, stats and report, so the database row can be rebuilt from the files
 datasets/{id}/compression.jsonl   per-record metrics of the operation that made it (+ .idx), when it has any

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 
 from service.datasets.errors import UnknownTokenizer
-from service.datasets.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter, TokenCounter
 from service.names import validate_name
 from service.settings import Settings
+from trajectories.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter, TokenCounter
 
 logger = logging.getLogger("rlctl.datasets")
 

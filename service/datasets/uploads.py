@@ -7,7 +7,7 @@ import codecs
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from service.datasets.reading import Container, ItemError, RawItem, guess_container, read_items, read_json_document
+from trajectories.reading import Container, ItemError, RawItem, guess_container, read_items, read_json_document
 
 CHUNK_BYTES = 1 << 20
 # The first line decides the container; a longer first line is taken for a minified JSON document.

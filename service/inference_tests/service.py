@@ -13,7 +13,7 @@ from typing import Any
 from service.context import AppContext
 from service.errors import FieldLocked, NotFound, ValidationFailed
 from service.inference_tests import preflight
-from service.inference_tests.execution import KIND, run_inference_test
+from service.inference_tests.jobs import KIND
 from service.inference_tests.schemas import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_MODELS,
@@ -24,7 +24,6 @@ from service.inference_tests.schemas import (
     MODEL_PATTERN,
 )
 from service.jobs import service as jobs
-from service.jobs.runner import JobKind, JobRunner
 from service.runs import config as run_config
 
 _MODEL = re.compile(MODEL_PATTERN)
@@ -41,11 +40,6 @@ TEST_FIELDS = {
 
 class InferenceTestNotFound(NotFound):
     code = "INFERENCE_TEST_NOT_FOUND"
-
-
-def register(runner: JobRunner) -> None:
-    # Not resumable: a test interrupted by a restart ends failed with the reason, to be submitted again.
-    runner.register(JobKind(KIND, run_inference_test, resumable=False))
 
 
 def start_inference_test(

@@ -10,10 +10,10 @@ from typing import Any
 from service.collections import service as collections
 from service.context import AppContext
 from service.datasets import service as datasets
-from service.datasets.importing import FORMAT_NAMES
 from service.jobs import service as jobs
 from service.tools.registry import Hints, Tool, nullable
 from service.tools.sessions import SessionState
+from trajectories.importing import FORMAT_NAMES
 
 DATASET_ID = {"type": "string", "description": "A dataset id from rl_upload_dataset or rl_list_datasets."}
 JOB_RESULT = {"job_id": {"type": "string"}, "status": {"type": "string"}, "message": {"type": "string"}}

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from service.datasets.importing import ImportedRecord
-from service.datasets.reading import ItemError
-from service.datasets.records import TrajectoryRecord
-from service.datasets.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter
 from tests.datasets.realdata import EXPECTED_FILES, import_file, shared_data_dir
+from trajectories.importing import ImportedRecord
+from trajectories.reading import ItemError
+from trajectories.records import TrajectoryRecord
+from trajectories.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter
 
 
 @pytest.fixture(scope="session")

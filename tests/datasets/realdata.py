@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.datasets.importing import ImportedRecord, import_lines
-from service.datasets.reading import ItemError
 from tests.conftest import SHARED_DATA
+from trajectories.importing import ImportedRecord, import_lines
+from trajectories.reading import ItemError
 
 # Every data file and the format auto-detection must give it, with its record count.
 EXPECTED_FILES: dict[str, tuple[str, int]] = {

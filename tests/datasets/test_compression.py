@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.datasets.compression import (
+from trajectories.compression import (
     NO_SAVINGS,
     NOTHING_TO_COMPRESS,
     SUMMARIZATION_FAILED,
@@ -22,10 +22,10 @@ from service.datasets.compression import (
     exchange_blocks,
     protected_turns,
 )
-from service.datasets.convert import TurnBuilder
-from service.datasets.records import TrajectoryRecord, Turn
-from service.datasets.summarizers import ExtractiveSummarizer
-from service.datasets.tokens import ApproximateTokenCounter, TokenCounter, turn_token_counts
+from trajectories.convert import TurnBuilder
+from trajectories.records import TrajectoryRecord, Turn
+from trajectories.summarizers import ExtractiveSummarizer
+from trajectories.tokens import ApproximateTokenCounter, TokenCounter, turn_token_counts
 
 COUNTER = ApproximateTokenCounter()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.datasets.filters import (
+from trajectories.filters import (
     FilterCriteria,
     FilterReport,
     drop_reasons,
@@ -12,8 +12,8 @@ from service.datasets.filters import (
     is_incomplete,
     lacks_reasoning,
 )
-from service.datasets.records import ToolCall, TrajectoryRecord, Turn
-from service.datasets.tokens import record_token_count
+from trajectories.records import ToolCall, TrajectoryRecord, Turn
+from trajectories.tokens import record_token_count
 
 
 def record_calling(*names: str, declared: tuple[str, ...] | None = None) -> TrajectoryRecord:

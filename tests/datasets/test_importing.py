@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.datasets.importing import FORMATS, ImportedRecord, detect_format, import_item, import_lines
-from service.datasets.reading import ItemError, RawItem
-from service.datasets.records import TrajectoryRecord
-from service.datasets.rewards import CorrectnessReward
 from tests.datasets.realdata import EXPECTED_FILES, import_file
+from trajectories.importing import FORMATS, ImportedRecord, detect_format, import_item, import_lines
+from trajectories.reading import ItemError, RawItem
+from trajectories.records import TrajectoryRecord
+from trajectories.rewards import CorrectnessReward
 
 
 def only_record(outcomes: list) -> TrajectoryRecord:

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from service.datasets.compression import CompressionConfig, CompressionStats, compress_record
-from service.datasets.filters import FilterCriteria, FilterReport, drop_reasons
-from service.datasets.grpo import GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
-from service.datasets.importing import ImportedRecord, import_lines
-from service.datasets.reading import ItemError
-from service.datasets.records import record_to_dict
-from service.datasets.rewards import FormatReward, SourceReward, WeightedReward, scored
-from service.datasets.stats import DatasetStats, compute_record_stats
-from service.datasets.summarizers import ExtractiveSummarizer
-from service.datasets.tokens import ApproximateTokenCounter
 from tests.datasets.realdata import EXPECTED_FILES
+from trajectories.compression import CompressionConfig, CompressionStats, compress_record
+from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
+from trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
+from trajectories.importing import ImportedRecord, import_lines
+from trajectories.reading import ItemError
+from trajectories.records import record_to_dict
+from trajectories.rewards import FormatReward, SourceReward, WeightedReward, scored
+from trajectories.stats import DatasetStats, compute_record_stats
+from trajectories.summarizers import ExtractiveSummarizer
+from trajectories.tokens import ApproximateTokenCounter
 
 REWARDS = [WeightedReward(FormatReward()), WeightedReward(SourceReward())]
 

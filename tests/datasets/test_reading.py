@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.datasets.reading import (
+from trajectories.reading import (
     ItemError,
     RawItem,
     is_message_like,

@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from service.datasets.records import TrajectoryRecord, Turn
-from service.datasets.rewards import (
+from trajectories.records import TrajectoryRecord, Turn
+from trajectories.rewards import (
     CorrectnessReward,
     FormatReward,
     SourceReward,
@@ -18,7 +18,7 @@ from service.datasets.rewards import (
     score_record,
     scored,
 )
-from service.datasets.stats import tool_result_failed
+from trajectories.stats import tool_result_failed
 
 
 def answered(*gpt_values: str, answer: object = None) -> TrajectoryRecord:

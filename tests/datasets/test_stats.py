@@ -9,17 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.datasets.convert import TurnBuilder
-from service.datasets.quantiles import DistributionSummary
-from service.datasets.records import TrajectoryRecord, Turn
-from service.datasets.stats import (
+from trajectories.convert import TurnBuilder
+from trajectories.quantiles import DistributionSummary
+from trajectories.records import TrajectoryRecord, Turn
+from trajectories.stats import (
     DatasetStats,
     compute_record_stats,
     is_completed,
     tool_result_failed,
     tool_stats,
 )
-from service.datasets.tags import render_tool_response
+from trajectories.tags import render_tool_response
 
 
 def tool_turn(content: str, success: bool | None = None) -> Turn:

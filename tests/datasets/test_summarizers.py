@@ -12,19 +12,15 @@ from typing import Any
 
 import pytest
 
-from service.datasets.compression import (
+from service.datasets.summary_client import DEFAULT_SUMMARY_MODEL, OpenAICompatibleSummarizer
+from trajectories.compression import (
     SUMMARIZATION_FAILED,
     SUMMARY_PREFIX,
     CompressionConfig,
     compress_record,
 )
-from service.datasets.summarizers import (
-    DEFAULT_SUMMARY_MODEL,
-    ExtractiveSummarizer,
-    OpenAICompatibleSummarizer,
-    SummarizationError,
-)
-from service.datasets.tokens import ApproximateTokenCounter
+from trajectories.summarizers import ExtractiveSummarizer, SummarizationError
+from trajectories.tokens import ApproximateTokenCounter
 
 
 class ChatServer:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from service.datasets.tokens import (
+from trajectories.tokens import (
     ApproximateTokenCounter,
     HuggingFaceTokenCounter,
     TokenCounter,

@@ -13,9 +13,6 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service.datasets.records import record_from_dict
-from service.datasets.stats import is_completed
-from service.datasets.tokens import ApproximateTokenCounter, record_token_count
 from service.db.engine import Database
 from service.db.models import Dataset, Job
 from service.db.types import utcnow
@@ -24,6 +21,9 @@ from tests.conftest import SHARED_DATA
 from tests.datasets_api.chat_server import chat_server
 from tests.datasets_api.conftest import succeeded, upload
 from tests.support.live import LiveService, live_service
+from trajectories.records import record_from_dict
+from trajectories.stats import is_completed
+from trajectories.tokens import ApproximateTokenCounter, record_token_count
 
 LONG_FILES = (
     "nemo-gym-mini-swe-agent-2-rollouts.jsonl",

@@ -7,13 +7,13 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from service.datasets.importing import ImportedRecord
-from service.datasets.stats import DatasetStats, compute_record_stats
-from service.datasets.tokens import ApproximateTokenCounter
 from service.settings import Settings
 from tests.datasets.realdata import EXPECTED_FILES, import_file
 from tests.datasets_api.conftest import upload, wait_job
 from tests.support.live import LiveService, live_service
+from trajectories.importing import ImportedRecord
+from trajectories.stats import DatasetStats, compute_record_stats
+from trajectories.tokens import ApproximateTokenCounter
 
 TAU = "tau-bench-gpt-4o-airline.json"
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "answer": "4"}

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from trainer.grpo import PROMPT_MASK, build_datum, group_advantages, prepare_batch, step_metrics
+from trainer.grpo import PROMPT_MASK, build_datum, prepare_batch, step_metrics
+from trajectories.grpo import group_advantages
 
 
 def rollout(prompt: list[int], completion: list[int], logprobs: list[float]) -> tuple[list, list, list]:
@@ -18,7 +19,7 @@ def rollout(prompt: list[int], completion: list[int], logprobs: list[float]) -> 
 
 def test_advantages_are_score_minus_group_mean() -> None:
     assert group_advantages([1.0, 0.0, 0.5, 0.5]) == pytest.approx([0.5, -0.5, 0.0, 0.0])
-    assert group_advantages([2.0, 2.0]) == [0.0, 0.0]
+    assert group_advantages([2.0, 2.0]) == (0.0, 0.0)
 
 
 def test_datum_shifts_tokens_and_zeroes_advantages_on_prompt_positions() -> None:

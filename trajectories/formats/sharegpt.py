@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from service.datasets.convert import (
+from trajectories.convert import (
     INVALID_RECORD,
     UNKNOWN_ROLE,
     ConversionError,
@@ -15,15 +15,15 @@ from service.datasets.convert import (
     openai_role,
     tool_names,
 )
-from service.datasets.formats.common import (
+from trajectories.formats.common import (
     optional_bool,
     optional_str,
     other_keys,
     require_list,
     require_mapping,
 )
-from service.datasets.records import RecordFormatError, TrajectoryRecord, record_from_dict
-from service.datasets.tags import (
+from trajectories.records import RecordFormatError, TrajectoryRecord, record_from_dict
+from trajectories.tags import (
     parse_arguments,
     parse_tagged_tool_calls,
     parse_tagged_tool_response,

@@ -21,17 +21,18 @@ from typing import Any, TypeVar
 from service.context import AppContext
 from service.datasets import env_scorer
 from service.datasets.builder import DatasetBuilder, insert_dataset_row
-from service.datasets.compression import CompressionConfig, CompressionStats, compress_record
-from service.datasets.filters import FilterCriteria, FilterReport, drop_reasons
-from service.datasets.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
-from service.datasets.records import TrajectoryRecord, record_from_dict
-from service.datasets.rewards import CorrectnessReward, EnvironmentScorer, WeightedReward, build_rewards, scored
 from service.datasets.service import dataset_stats, dataset_store, get_dataset, summary_endpoint
 from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at
-from service.datasets.summarizers import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer
+from service.datasets.summary_client import OpenAICompatibleSummarizer
 from service.datasets.tokenizers import LockedCounter, MemoCounter, load_counter
 from service.errors import NotFound
-from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
+from service.jobs.runner import JobFailed, JobHandle, JobKind
+from trajectories.compression import CompressionConfig, CompressionStats, compress_record
+from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
+from trajectories.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
+from trajectories.records import TrajectoryRecord, record_from_dict
+from trajectories.rewards import CorrectnessReward, EnvironmentScorer, WeightedReward, build_rewards, scored
+from trajectories.summarizers import ExtractiveSummarizer, Summarizer
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -39,11 +40,13 @@ MAX_REPORTED_ISSUES = 100
 SORT_RUN_ENTRIES = 200_000  # (key, offset) pairs sorted in memory before spilling to disk (~20 MB)
 
 
-def register(runner: JobRunner) -> None:
-    runner.register(JobKind("dataset_filter", run_filter, resumable=True))
-    runner.register(JobKind("dataset_compress", run_compress, resumable=True))
-    runner.register(JobKind("dataset_score", run_score, resumable=True))
-    runner.register(JobKind("dataset_export_grpo", run_export_grpo, resumable=True))
+def job_kinds() -> tuple[JobKind, ...]:
+    return (
+        JobKind("dataset_filter", run_dataset_filter, resumable=True),
+        JobKind("dataset_compress", run_dataset_compress, resumable=True),
+        JobKind("dataset_score", run_dataset_score, resumable=True),
+        JobKind("dataset_export_grpo", run_dataset_export_grpo, resumable=True),
+    )
 
 
 # --- the shared pass over a parent dataset ---
@@ -130,7 +133,7 @@ def _result(dataset: dict[str, Any]) -> dict[str, Any]:
 # --- filter ---
 
 
-def run_filter(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_filter(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     job = Derivation(ctx, handle, "filter")
     if (done := job.finished_output()) is not None:
         return done
@@ -163,7 +166,7 @@ def run_filter(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
 # --- compress ---
 
 
-def run_compress(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_compress(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     job = Derivation(ctx, handle, "compress")
     if (done := job.finished_output()) is not None:
         return done
@@ -241,7 +244,7 @@ def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) ->
 # --- score ---
 
 
-def run_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     job = Derivation(ctx, handle, "score")
     if (done := job.finished_output()) is not None:
         return done
@@ -298,7 +301,7 @@ def _with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedRew
 # --- GRPO export ---
 
 
-def run_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     """Groups by prompt with an on-disk sort: memory holds one sort run of keys and one group of records."""
     params = handle.params
     dataset_id = params["dataset_id"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from service.datasets.convert import INVALID_RECORD, ConversionError
+from trajectories.convert import INVALID_RECORD, ConversionError
 
 
 def require_mapping(value: Any, what: str) -> Mapping[str, Any]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.datasets.convert import (
+from trajectories.convert import (
     INVALID_RECORD,
     UNKNOWN_ROLE,
     ConversionError,
@@ -20,9 +20,9 @@ from service.datasets.convert import (
     openai_role,
     tool_names,
 )
-from service.datasets.formats.common import optional_str, other_keys, require_mapping
-from service.datasets.records import TrajectoryRecord
-from service.datasets.tags import parse_arguments
+from trajectories.formats.common import optional_str, other_keys, require_mapping
+from trajectories.records import TrajectoryRecord
+from trajectories.tags import parse_arguments
 
 
 @dataclass

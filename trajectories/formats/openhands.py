@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.datasets.convert import (
+from trajectories.convert import (
     INVALID_RECORD,
     ConversionError,
     TurnBuilder,
     add_openai_message,
     message_text,
 )
-from service.datasets.formats.common import optional_str, other_keys, require_list, require_mapping
-from service.datasets.records import TrajectoryRecord
+from trajectories.formats.common import optional_str, other_keys, require_list, require_mapping
+from trajectories.records import TrajectoryRecord
 
 _SKIPPED_ACTIONS = frozenset({"recall", "change_agent_state", "null"})
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from service.datasets.records import TrajectoryRecord, Turn
+from trajectories.records import TrajectoryRecord, Turn
 
 
 @runtime_checkable

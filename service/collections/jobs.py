@@ -28,25 +28,25 @@ from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, 
 from service.collections.tools import Toolbox
 from service.context import AppContext
 from service.datasets.builder import DatasetBuilder
-from service.datasets.convert import ConversionError
-from service.datasets.formats.chat import import_openai
-from service.datasets.records import TrajectoryRecord, record_from_dict, record_to_dict
 from service.datasets.service import dataset_store, get_dataset
-from service.datasets.stats import reasoning_stats
 from service.datasets.store import write_json_atomically
 from service.datasets.tokenizers import load_counter, resolve_tokenizer
 from service.db.models import Collection, CollectionItem, Job
 from service.db.types import utcnow
 from service.errors import NotFound
-from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind, JobRunner
+from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
+from trajectories.convert import ConversionError
+from trajectories.formats.chat import import_openai
+from trajectories.records import TrajectoryRecord, record_from_dict, record_to_dict
+from trajectories.stats import reasoning_stats
 
 logger = logging.getLogger("rlctl.collections")
 WAIT_SLICE_S = 0.25
 CONNECTION_ERRORS = (openai.APIConnectionError, openai.APITimeoutError)
 
 
-def register(runner: JobRunner) -> None:
-    runner.register(JobKind(service.JOB_KIND, run_collection, resumable=True))
+def job_kinds() -> tuple[JobKind, ...]:
+    return (JobKind(service.JOB_KIND, run_collection, resumable=True),)
 
 
 def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:

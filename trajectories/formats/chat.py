@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.datasets.convert import (
+from trajectories.convert import (
     INVALID_RECORD,
     ConversionError,
     add_openai_message,
     convert_openai_messages,
     tool_names,
 )
-from service.datasets.formats.common import optional_bool, other_keys, require_list, require_mapping
-from service.datasets.records import TrajectoryRecord
+from trajectories.formats.common import optional_bool, other_keys, require_list, require_mapping
+from trajectories.records import TrajectoryRecord
 
 TAU_STOP_TOKEN = "###STOP###"
 TAU_TRANSFER_TOOL = "transfer_to_human_agents"

@@ -7,9 +7,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.datasets.records import TrajectoryRecord
-from service.datasets.stats import is_completed, reasoning_stats
-from service.datasets.tokens import TokenCounter, record_token_count
+from trajectories.records import TrajectoryRecord
+from trajectories.stats import is_completed, reasoning_stats
+from trajectories.tokens import TokenCounter, record_token_count
 
 NO_REASONING = "no_reasoning"
 INCOMPLETE = "incomplete"

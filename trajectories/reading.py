@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.datasets.convert import EMPTY_RECORD, INVALID_JSON, INVALID_RECORD
+from trajectories.convert import EMPTY_RECORD, INVALID_JSON, INVALID_RECORD
 
 Container = Literal["auto", "jsonl", "json"]
 TOO_DEEP = "invalid JSON: nested too deeply"

@@ -12,12 +12,12 @@ import hashlib
 import json
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from service.datasets.records import TrajectoryRecord, record_to_dict
+from trajectories.records import TrajectoryRecord, record_to_dict
 
 TOO_SMALL = "too_small"
 MISSING_REWARD = "missing_reward"
@@ -144,8 +144,9 @@ def _group_or_issues(
     )
 
 
-def group_advantages(rewards: tuple[float, ...], normalize_by_std: bool = False) -> tuple[float, ...]:
-    """reward − group mean, divided by the group's standard deviation when asked (and it is not zero)."""
+def group_advantages(rewards: Sequence[float], normalize_by_std: bool = False) -> tuple[float, ...]:
+    """reward − group mean, divided by the group's standard deviation when asked (and it is not zero). The one
+    definition of GRPO advantages: the dataset export and the trainer both use it (docs/GRPO.md)."""
     mean = statistics.fmean(rewards)
     spread = statistics.pstdev(rewards) if normalize_by_std else 0.0
     return tuple((reward - mean) / spread if spread else reward - mean for reward in rewards)

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.datasets.convert import UNKNOWN_FORMAT, ConversionError
-from service.datasets.formats.chat import import_openai, import_swe_agent, import_tau_bench
-from service.datasets.formats.openhands import import_openhands
-from service.datasets.formats.responses import import_responses
-from service.datasets.formats.sharegpt import import_llamafactory, import_rlctl, import_sharegpt
-from service.datasets.reading import Container, ItemError, RawItem, read_items
-from service.datasets.records import TrajectoryRecord
+from trajectories.convert import UNKNOWN_FORMAT, ConversionError
+from trajectories.formats.chat import import_openai, import_swe_agent, import_tau_bench
+from trajectories.formats.openhands import import_openhands
+from trajectories.formats.responses import import_responses
+from trajectories.formats.sharegpt import import_llamafactory, import_rlctl, import_sharegpt
+from trajectories.reading import Container, ItemError, RawItem, read_items
+from trajectories.records import TrajectoryRecord
 
 Importer = Callable[[Any], TrajectoryRecord]
 

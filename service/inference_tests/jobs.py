@@ -33,7 +33,7 @@ from service.context import AppContext
 from service.errors import ServiceError
 from service.inference_tests import preflight
 from service.inference_tests.summary import ModelOutcome, model_result, progress_done, result_file_stem, summarize
-from service.jobs.runner import JobCancelled, JobFailed, JobHandle
+from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
 from supervisor.process import ProcessIdentity, SupervisedProcess
 
@@ -173,6 +173,11 @@ def pump_output(stream: IO[bytes], log: IO[str], scrub: Callable[[str], str]) ->
     for raw in iter(stream.readline, b""):
         log.write(scrub(raw.decode("utf-8", errors="replace")))
         log.flush()
+
+
+def job_kinds() -> tuple[JobKind, ...]:
+    # Not resumable: a test interrupted by a restart ends failed with the reason, to be submitted again.
+    return (JobKind(KIND, run_inference_test, resumable=False),)
 
 
 def run_inference_test(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from service.datasets.records import Role, TrajectoryRecord, Turn
-from service.datasets.summarizers import Summarizer
-from service.datasets.tokens import TokenCounter, fit_to_token_budget, turn_token_counts
+from trajectories.records import Role, TrajectoryRecord, Turn
+from trajectories.summarizers import Summarizer
+from trajectories.tokens import TokenCounter, fit_to_token_budget, turn_token_counts
 
 SUMMARY_PREFIX = "[CONTEXT SUMMARY]: "
 SUMMARY_ROLE: Role = "human"  # a user-side note is valid in every chat template, wherever it lands

@@ -6,10 +6,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.datasets.quantiles import DistributionSummary
-from service.datasets.records import ROLES, TrajectoryRecord, Turn
-from service.datasets.tags import has_reasoning, parse_tagged_tool_response
-from service.datasets.tokens import TokenCounter
+from trajectories.quantiles import DistributionSummary
+from trajectories.records import ROLES, TrajectoryRecord, Turn
+from trajectories.tags import has_reasoning, parse_tagged_tool_response
+from trajectories.tokens import TokenCounter
 
 UNKNOWN_TOOL = "unknown"
 

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.datasets.records import Role, ToolCall, Turn
-from service.datasets.tags import (
+from trajectories.records import Role, ToolCall, Turn
+from trajectories.tags import (
     declared_tool_name,
     normalize_scratchpad,
     parse_arguments,

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from service.datasets.records import TrajectoryRecord
-from service.datasets.tags import has_reasoning, has_tool_call_tag, visible_text
+from trajectories.records import TrajectoryRecord
+from trajectories.tags import has_reasoning, has_tool_call_tag, visible_text
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
