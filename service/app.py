@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     return app
 
 
-def _body_limit(context: AppContext):  # type: ignore[no-untyped-def]
+def _body_limit(context: AppContext) -> Callable[[Scope], int]:
     def limit_for(scope: Scope) -> int:
         settings = context.settings
         own_limit = dataset_routes.body_limit(scope, settings) or collection_routes.body_limit(scope, settings)

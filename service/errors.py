@@ -34,6 +34,12 @@ class Unauthorized(ServiceError):
 class NotFound(ServiceError):
     status_code = 404
     code = "NOT_FOUND"
+    subject = "item"  # what is missing, in messages: "no run with id 'abc'"
+    id_field = "id"  # the detail naming its id
+
+    @classmethod
+    def for_id(cls, item_id: str) -> NotFound:
+        return cls(f"no {cls.subject} with id {item_id!r}", {cls.id_field: item_id})
 
 
 class EnvironmentNotFound(NotFound):
@@ -42,6 +48,7 @@ class EnvironmentNotFound(NotFound):
 
 class RunNotFound(NotFound):
     code = "RUN_NOT_FOUND"
+    subject, id_field = "run", "run_id"
 
 
 class Conflict(ServiceError):

@@ -39,8 +39,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if getattr(record, "request_id", None):
-            entry["request_id"] = record.request_id
+        if request_id := getattr(record, "request_id", None):
+            entry["request_id"] = request_id
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD_RECORD_KEYS})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+from fastapi import Query
 from sqlalchemy import Select, and_, or_
 from sqlalchemy.orm import Session
 
@@ -13,8 +14,14 @@ from service.errors import ValidationFailed
 
 CURSOR_PATTERN = r"^[0-9]{1,16}-[A-Za-z0-9_-]{1,128}$"
 MAX_PAGE = 200
+DEFAULT_PAGE = 50
 
-T = TypeVar("T")
+# The query parameters of every keyset-paged listing.
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+PageCursor = Annotated[str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")]
+
+RowT = TypeVar("RowT")
+ItemT = TypeVar("ItemT")
 
 
 def encode_cursor(created_at: datetime, item_id: str) -> str:
@@ -29,10 +36,15 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def newest_first_page(
-    session: Session, query: Select[Any], model: Any, limit: int, cursor: str | None, to_record: Callable[[T], Any]
-) -> tuple[list[Any], str | None]:
-    """One page of `query` over `model` (with `created_at` and `id`), and the cursor of the next page (or None)."""
-    limit = max(1, min(limit, MAX_PAGE))
+    session: Session,
+    query: Select[Any],
+    model: Any,
+    limit: int,
+    cursor: str | None,
+    to_record: Callable[[RowT], ItemT],
+) -> tuple[list[ItemT], str | None]:
+    """One page of `query` over `model` (with `created_at` and `id`), and the cursor of the next page (or None).
+    `limit` is the caller's, within 1..MAX_PAGE (the routes' PageLimit)."""
     if cursor:
         created_at, last_id = decode_cursor(cursor)
         query = query.where(

@@ -18,12 +18,25 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
+Responses = dict[int | str, dict[str, Any]]  # a route's `responses=`: OpenAPI entries by status
+
+
+def response(status: int, description: str, *, model: type[BaseModel] | None = None, media_type: str = "") -> Responses:
+    """One documented response other than the route's success model (its body's model, or its media type)."""
+    entry: dict[str, Any] = {"description": description}
+    if model is not None:
+        entry["model"] = model
+    if media_type:
+        entry["content"] = {media_type: {}}
+    return {status: entry}
+
+
+def error_responses(*status_codes: int) -> Responses:
     """OpenAPI entries for the error statuses a route documents (all share the one error body)."""
     return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in status_codes}
 
 
-def json_error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
+def json_error_responses(*status_codes: int) -> Responses:
     """The same, for routes whose success is not JSON (their errors still are)."""
     schema = {"$ref": "#/components/schemas/ErrorBody"}
     return {

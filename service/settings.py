@@ -6,6 +6,8 @@ The locked run fields (SPEC §4) live here: the operator sets them, API callers 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -13,10 +15,30 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from trainer.defaults import LOCAL_DEFAULTS
+from trainer.defaults import LOCAL_DEFAULTS, TINKER_BASE_MODEL, TINKER_DEFAULTS
 from trainer.tiny_model import default_tiny_model_dir
 
-Backend = Literal["tinker", "local"]
+
+class Backend(StrEnum):
+    TINKER = "tinker"  # the Tinker service
+    LOCAL = "local"  # torch + peft on this machine
+
+
+@dataclass(frozen=True)
+class BackendValues:
+    """What a run on one backend is locked to, as configured: the operator's settings for that backend."""
+
+    base_model: str
+    max_token_length: int
+    total_steps: int
+    steps_per_eval: int
+    lora_rank: int
+    learning_rate: float
+    max_token_trainer_length: int
+    save_checkpoint_interval: int
+    batch_size: int  # when the environment's config_init() sets none
+    group_size: int  # likewise
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_ENVIRONMENTS_DIR = REPO_ROOT / "environments"
@@ -106,26 +128,26 @@ class Settings(BaseSettings):
     inference_test_concurrency: int = Field(3, ge=1, le=32, description="Models of one inference test at once.")
     inference_test_timeout_s: float = Field(900, gt=0, description="Time one model of an inference test may take.")
 
-    # --- locked run fields (SPEC §4), tinker backend ---
-    tokenizer_name: str = "Qwen/Qwen3-8B"
-    max_token_length: int = 8192
+    # --- locked run fields (SPEC §4), tinker backend (defaults: trainer/defaults.py) ---
+    tokenizer_name: str = TINKER_BASE_MODEL
+    max_token_length: int = TINKER_DEFAULTS["max_token_length"]
     max_num_workers: int = 2048
     worker_timeout: float = 3600
-    total_steps: int = 2500
-    steps_per_eval: int = 25
+    total_steps: int = TINKER_DEFAULTS["total_steps"]
+    steps_per_eval: int = TINKER_DEFAULTS["steps_per_eval"]
     max_batches_offpolicy: int = 3
     inference_weight: float = 1.0
     eval_limit_ratio: float = 0.1
-    lora_rank: int = 32
-    learning_rate: float = 4e-5
-    max_token_trainer_length: int = 9000
-    save_checkpoint_interval: int = 25
+    lora_rank: int = TINKER_DEFAULTS["lora_rank"]
+    learning_rate: float = TINKER_DEFAULTS["learning_rate"]
+    max_token_trainer_length: int = TINKER_DEFAULTS["max_token_trainer_length"]
+    save_checkpoint_interval: int = TINKER_DEFAULTS["save_checkpoint_interval"]
 
     # --- locked run fields of the local backend (tiny model on CPU: learns `echo` in minutes) ---
     local_base_model: str | None = Field(None, description="Model dir or cached id; default: the tiny model.")
     local_max_token_length: int = LOCAL_DEFAULTS["max_token_length"]
     local_total_steps: int = LOCAL_DEFAULTS["total_steps"]
-    local_steps_per_eval: int = 1000
+    local_steps_per_eval: int = LOCAL_DEFAULTS["steps_per_eval"]
     local_lora_rank: int = LOCAL_DEFAULTS["lora_rank"]
     local_learning_rate: float = LOCAL_DEFAULTS["learning_rate"]
     local_max_token_trainer_length: int = LOCAL_DEFAULTS["max_token_trainer_length"]
@@ -161,7 +183,34 @@ class Settings(BaseSettings):
     def effective_default_backend(self) -> Backend:
         if self.default_backend:
             return self.default_backend
-        return "tinker" if self.tinker_api_key else "local"
+        return Backend.TINKER if self.tinker_api_key else Backend.LOCAL
+
+    def backend_values(self, backend: Backend) -> BackendValues:
+        if backend == Backend.LOCAL:
+            return BackendValues(
+                base_model=self.local_base_model or str(self.tiny_model_dir),
+                max_token_length=self.local_max_token_length,
+                total_steps=self.local_total_steps,
+                steps_per_eval=self.local_steps_per_eval,
+                lora_rank=self.local_lora_rank,
+                learning_rate=self.local_learning_rate,
+                max_token_trainer_length=self.local_max_token_trainer_length,
+                save_checkpoint_interval=self.local_save_checkpoint_interval,
+                batch_size=self.local_batch_size,
+                group_size=self.local_group_size,
+            )
+        return BackendValues(
+            base_model=self.tokenizer_name,
+            max_token_length=self.max_token_length,
+            total_steps=self.total_steps,
+            steps_per_eval=self.steps_per_eval,
+            lora_rank=self.lora_rank,
+            learning_rate=self.learning_rate,
+            max_token_trainer_length=self.max_token_trainer_length,
+            save_checkpoint_interval=self.save_checkpoint_interval,
+            batch_size=TINKER_DEFAULTS["batch_size"],
+            group_size=TINKER_DEFAULTS["group_size"],
+        )
 
     @property
     def secret_values(self) -> list[str]:

@@ -9,21 +9,9 @@ from typing import Any
 
 import yaml
 
-from trainer.defaults import LOCAL_DEFAULTS
+from trainer.defaults import LOCAL_DEFAULTS, TINKER_DEFAULTS
 
 BACKENDS = ("local", "tinker")
-
-# SPEC §4 operator defaults, used by the tinker backend for keys the YAML leaves out.
-TINKER_DEFAULTS: dict[str, Any] = {
-    "base_model": "Qwen/Qwen3-8B",
-    "learning_rate": 4e-5,
-    "total_steps": 2500,
-    "lora_rank": 32,
-    "batch_size": 128,
-    "group_size": 16,
-    "max_token_trainer_length": 9000,
-    "save_checkpoint_interval": 25,
-}
 
 
 class ConfigError(ValueError):

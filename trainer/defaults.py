@@ -1,16 +1,47 @@
-"""Locked defaults of the `local` backend, importable by the control plane for its run configuration.
+"""The operator defaults of each training backend: the one home of these numbers.
 
-Chosen so that an offline run on the `echo` environment with the tiny model learns visibly and finishes in a
-few minutes on 2 CPU cores: a rank-8 LoRA on attention, MLP and lm_head with a high learning rate,
-groups of 8 completions, 4 groups per batch.
+The control plane's settings start from them (service/settings.py; the operator may override each one), and the
+trainer falls back on them for keys a run YAML leaves out.
+
+`tinker`: the reference's values for Qwen3-8B on the Tinker service. `local`: chosen so that an offline run on the
+`echo` environment with the tiny model learns visibly and finishes in a few minutes on 2 CPU cores: a rank-8 LoRA
+on attention, MLP and lm_head with a high learning rate, groups of 8 completions, 4 groups per batch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
-LOCAL_DEFAULTS: dict[str, Any] = {
-    "base_model": None,  # None: the tiny random model in the data directory, created on first use
+
+class BackendDefaults(TypedDict):
+    base_model: str | None  # None: the tiny random model in the data directory, created on first use
+    learning_rate: float
+    total_steps: int
+    lora_rank: int
+    batch_size: int
+    group_size: int
+    max_token_length: int
+    max_token_trainer_length: int
+    save_checkpoint_interval: int
+    steps_per_eval: int
+
+
+TINKER_BASE_MODEL = "Qwen/Qwen3-8B"
+TINKER_DEFAULTS: BackendDefaults = {
+    "base_model": TINKER_BASE_MODEL,
+    "learning_rate": 4e-5,
+    "total_steps": 2500,
+    "lora_rank": 32,
+    "batch_size": 128,
+    "group_size": 16,
+    "max_token_length": 8192,
+    "max_token_trainer_length": 9000,
+    "save_checkpoint_interval": 25,
+    "steps_per_eval": 25,
+}
+
+LOCAL_DEFAULTS: BackendDefaults = {
+    "base_model": None,
     "learning_rate": 1e-2,
     "total_steps": 60,
     "lora_rank": 8,
@@ -19,6 +50,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "max_token_length": 512,
     "max_token_trainer_length": 1024,
     "save_checkpoint_interval": 20,
+    "steps_per_eval": 1000,
 }
 
 # Tinker's Adam settings (SPEC §6); the local backend uses the same.

@@ -20,7 +20,8 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: the rewards are frozen dataclasses
 
     def __call__(self, record: TrajectoryRecord) -> float: ...
 

@@ -27,7 +27,8 @@ class Unreachable(ClientError):
 
 class ApiError(ClientError):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
-        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        found = body.get("error")
+        error: dict[str, Any] = found if isinstance(found, dict) else {}
         self.status = status
         self.code = str(error.get("code", f"HTTP_{status}"))
         request_id = f" (request id {error['request_id']})" if error.get("request_id") else ""

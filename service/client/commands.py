@@ -23,9 +23,11 @@ import yaml
 
 from service.client import output
 from service.client.api import DEFAULT_URL, ApiClient, ClientError, RateLimitedError
+from service.jobs.runner import TERMINAL as JOB_TERMINAL
+from service.jobs.runner import JobStatus
+from service.runs.lifecycle import TERMINAL as RUN_TERMINAL
+from service.runs.lifecycle import RunStatus
 
-RUN_TERMINAL = frozenset({"stopped", "completed", "failed"})
-JOB_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 PROCESSES = ("api", "trainer", "env")
 UPLOAD_CHUNK = 1 << 20
 Handler = Callable[[ApiClient, argparse.Namespace], int]
@@ -63,7 +65,7 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     start.add_argument("--idempotency-key", help="a retry with the same key returns the same run")
     _follow_options(start, "until the run ends, with live progress")
     lister = command(runs, "list", runs_list, "list runs, newest first")
-    lister.add_argument("--status", choices=sorted(RUN_TERMINAL | {"pending", "starting", "running", "stopping"}))
+    lister.add_argument("--status", choices=list(RunStatus))
     lister.add_argument("--environment")
     lister.add_argument("--limit", type=int, default=50)
     lister.add_argument("--cursor", help="next_cursor of the previous page")
@@ -86,7 +88,7 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     jobs = group("jobs", "background jobs")
     lister = command(jobs, "list", jobs_list, "list jobs, newest first")
     lister.add_argument("--kind")
-    lister.add_argument("--status", choices=sorted(JOB_TERMINAL | {"queued", "running"}))
+    lister.add_argument("--status", choices=list(JobStatus))
     lister.add_argument("--limit", type=int, default=50)
     show = command(jobs, "show", jobs_show, "a job's state, progress and result")
     show.add_argument("job_id")

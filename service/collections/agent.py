@@ -60,12 +60,13 @@ def run_agent(
     for turn in range(settings.max_turns):
         if should_stop():
             raise Interrupted()
-        response = client.chat.completions.create(
+        # Messages and tool schemas are plain JSON here; the SDK's TypedDicts describe the same shapes.
+        response = client.chat.completions.create(  # type: ignore[call-overload]
             model=settings.model,
-            messages=wire,  # type: ignore[arg-type]
+            messages=wire,
             max_tokens=settings.max_tokens,
             temperature=settings.temperature,
-            **({"tools": schemas} if schemas else {}),  # type: ignore[arg-type]
+            **({"tools": schemas} if schemas else {}),
         )
         trajectory.api_calls += 1
         if not response.choices:

@@ -18,12 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 from sqlalchemy import select
 
 from service.collections import service
 from service.collections.agent import AgentSettings, BadResponse, Interrupted, Trajectory, run_agent
+from service.collections.schemas import CollectionStatus
 from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
 from service.collections.tools import Toolbox
 from service.context import AppContext
@@ -56,21 +56,21 @@ def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
         if collection is None:
             raise JobFailed(f"collection {collection_id} no longer exists")
         params, name = dict(collection.params), collection.name
-        collection.status, collection.job_id = "running", handle.job_id
+        collection.status, collection.job_id = CollectionStatus.RUNNING, handle.job_id
     run = CollectionRun(ctx, handle, collection_id, params)
     try:
         result = run.execute(name)
     except JobCancelled:
         if _cancel_requested(ctx, handle.job_id):
-            mark(ctx, collection_id, status="cancelled")
+            mark(ctx, collection_id, status=CollectionStatus.CANCELLED)
         raise  # stopped by a service shutdown instead: the job resumes at the next start
     except JobFailed as error:
-        mark(ctx, collection_id, status="failed", error=ctx.scrub(str(error)))
+        mark(ctx, collection_id, status=CollectionStatus.FAILED, error=ctx.scrub(str(error)))
         raise
     except Exception as error:
-        mark(ctx, collection_id, status="failed", error=ctx.scrub(f"{type(error).__name__}: {error}"))
+        mark(ctx, collection_id, status=CollectionStatus.FAILED, error=ctx.scrub(f"{type(error).__name__}: {error}"))
         raise
-    mark(ctx, collection_id, status="completed", dataset_id=result["dataset_id"], error=None)
+    mark(ctx, collection_id, status=CollectionStatus.COMPLETED, dataset_id=result["dataset_id"], error=None)
     shutil.rmtree(collection_dir(ctx, collection_id) / "items", ignore_errors=True)
     return result
 
@@ -91,7 +91,7 @@ class CollectionRun:
             base_url=params["base_url"],
             api_key=service.chat_api_key(ctx, params["base_url"]),
             max_retries=2,
-            timeout=httpx.Timeout(params["request_timeout_s"], connect=min(10.0, params["request_timeout_s"])),
+            timeout=openai.Timeout(params["request_timeout_s"], connect=min(10.0, params["request_timeout_s"])),
         )
         self._lock = threading.Lock()
         self._done = 0
@@ -262,7 +262,7 @@ class CollectionRun:
             dataset = get_dataset(self.ctx, self.params["output_id"])
         except NotFound:
             return None
-        return {"collection_id": self.id, "dataset_id": dataset["id"], **dataset["report"]}
+        return {"collection_id": self.id, "dataset_id": dataset.id, **dataset.report}
 
     def _build_dataset(self, name: str) -> dict[str, Any]:
         with self.ctx.db.session() as session:
@@ -276,7 +276,9 @@ class CollectionRun:
                     CollectionItem.collection_id == self.id, CollectionItem.status == FAILED
                 )
             )
-        counts = {status: sum(1 for *_, s in rows if s == status) for status in (KEPT, DISCARDED, FAILED)}
+        counts: dict[str, int] = {
+            status: sum(1 for *_, s in rows if s == status) for status in (KEPT, DISCARDED, FAILED)
+        }
         if counts[KEPT] == 0 and counts[FAILED]:
             raise JobFailed(f"no trajectory was collected: {counts[FAILED]} failed; first error: {first_failure}")
         counter = load_counter(self.ctx.settings, resolve_tokenizer(self.ctx.settings, None))
@@ -288,7 +290,12 @@ class CollectionRun:
         except BaseException:
             builder.abort()
             raise
-        report = {"total": self.total, **counts, "collection_id": self.id, "model": self.params["model"]}
+        report: dict[str, Any] = {
+            "total": self.total,
+            **counts,
+            "collection_id": self.id,
+            "model": self.params["model"],
+        }
         parameters = {k: v for k, v in self.params.items() if k != "output_id"}
         row = builder.finish(
             self.ctx.db.session,

@@ -19,7 +19,7 @@ from service.collections.schemas import (
 )
 from service.deps import Ctx
 from service.names import name_path
-from service.pagination import CURSOR_PATTERN
+from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
 from service.settings import Settings
 
@@ -41,23 +41,21 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
     summary="Collect trajectories (batch runner)",
     responses=error_responses(413, 422),
 )
-async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> dict:
+async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> CollectionOut:
     """Runs an OpenAI-compatible chat model with tools over the prompts, `runs_per_prompt` times each, with
     bounded concurrency; each trajectory's tools work in its own sandbox directory. Progress is visible at
     GET /collections/{id}; cancel with POST /collections/{id}/cancel and continue with .../resume (by prompt
     and run index: nothing is run twice, nothing is lost). When done, `dataset_id` names the dataset."""
-    return await run_in_threadpool(service.create_collection, ctx, body.model_dump())
+    return await run_in_threadpool(service.create_collection, ctx, body)
 
 
 @router.get("", response_model=CollectionList, summary="List collections", responses=error_responses(422))
 async def list_collections(
     ctx: Ctx,
     status: Annotated[CollectionStatus | None, Query(description="Only collections in this state.")] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[
-        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
-    ] = None,
-) -> dict:
+    limit: PageLimit = DEFAULT_PAGE,
+    cursor: PageCursor = None,
+) -> CollectionList:
     """Newest first."""
     return await run_in_threadpool(service.list_collections, ctx, status, limit, cursor)
 
@@ -65,7 +63,7 @@ async def list_collections(
 @router.get(
     "/{collection_id}", response_model=CollectionOut, summary="Get a collection", responses=error_responses(404, 422)
 )
-async def get_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
+async def get_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Status, progress (kept, discarded, failed, pending), the job and, once completed, the dataset."""
     return await run_in_threadpool(service.get_collection, ctx, collection_id)
 
@@ -81,8 +79,8 @@ async def list_collection_items(
     collection_id: CollectionId,
     status: Annotated[ItemStatus | None, Query(description="Only items with this outcome.")] = None,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
-    limit: Annotated[int, Query(ge=1, le=200)] = 100,
-) -> dict:
+    limit: PageLimit = 100,
+) -> CollectionItemsPage:
     """One entry per (prompt index, run index) pair that has an outcome, in that order."""
     return await run_in_threadpool(service.list_items, ctx, collection_id, status, offset, limit)
 
@@ -93,7 +91,7 @@ async def list_collection_items(
     summary="Cancel a collection",
     responses=error_responses(404, 409, 422),
 )
-async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
+async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Stops starting trajectories; running ones stop at their next turn and stay pending. 409 when not running."""
     return await run_in_threadpool(service.cancel_collection, ctx, collection_id)
 
@@ -105,6 +103,6 @@ async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
     summary="Resume a collection",
     responses=error_responses(404, 409, 422),
 )
-async def resume_collection(ctx: Ctx, collection_id: CollectionId) -> dict:
+async def resume_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Runs every pair without a kept or discarded outcome (failed ones again). 409 unless cancelled or failed."""
     return await run_in_threadpool(service.resume_collection, ctx, collection_id)

@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.jobs.schemas import JobOut
 from service.names import NAME_PATTERN
 
-CollectionStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
-ItemStatus = Literal["kept", "discarded", "failed"]
+
+class CollectionStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class ItemStatus(StrEnum):
+    """The outcome of one (prompt, run) pair."""
+
+    KEPT = "kept"
+    DISCARDED = "discarded"
+    FAILED = "failed"
+
+
+ENDED = frozenset({CollectionStatus.COMPLETED, CollectionStatus.CANCELLED, CollectionStatus.FAILED})
+
 ToolName = Literal["terminal", "read_file", "write_file"]
 BASE_URL_PATTERN = r"^https?://[A-Za-z0-9._~%-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/-]*)?$"
 NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
@@ -46,7 +64,7 @@ class CreateCollectionRequest(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2)
     system_prompt: str | None = Field(None, max_length=100_000)
     tools: list[ToolName] = Field(
-        default_factory=lambda: ["terminal", "read_file", "write_file"],
+        default_factory=lambda: list(get_args(ToolName)),
         max_length=3,
         description="Built-in tools, run in a per-trajectory sandbox directory.",
     )

@@ -8,39 +8,43 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from service.collections.schemas import CreateCollectionRequest
+from service.collections.schemas import (
+    ENDED,
+    CollectionItemOut,
+    CollectionItemsPage,
+    CollectionList,
+    CollectionOut,
+    CollectionProgress,
+    CollectionStatus,
+    CreateCollectionRequest,
+    ItemStatus,
+)
 from service.context import AppContext
 from service.datasets.builder import new_dataset_id
 from service.datasets.errors import CollectionNotFound
 from service.datasets.store import write_json_atomically
 from service.db.models import Collection, CollectionItem, Job
+from service.db.rows import load_row
 from service.db.types import utcnow
-from service.errors import InvalidState, ValidationFailed
-from service.jobs.runner import QUEUED, RUNNING, TERMINAL
+from service.errors import InvalidState
+from service.jobs.runner import TERMINAL, UNFINISHED, JobStatus
 from service.jobs.service import job_record
-from service.names import validate_name
-from service.pagination import newest_first_page
+from service.pagination import DEFAULT_PAGE, newest_first_page
 
 JOB_KIND = "collection_run"
-KEPT, DISCARDED, FAILED = "kept", "discarded", "failed"
+KEPT, DISCARDED, FAILED = ItemStatus.KEPT, ItemStatus.DISCARDED, ItemStatus.FAILED
 DONE_STATUSES = (KEPT, DISCARDED)  # a resume skips these; failed items are tried again
-MAX_PAGE = 200
 
 
 def collection_dir(ctx: AppContext, collection_id: str) -> Path:
     return ctx.settings.data_path / "collections" / collection_id
 
 
-def create_collection(ctx: AppContext, params: dict[str, Any]) -> dict[str, Any]:
+def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> CollectionOut:
     """Store the prompts and the collection, then start its job. Returns the collection."""
-    try:
-        request = CreateCollectionRequest.model_validate(params)
-    except ValidationError as error:
-        errors = [{"location": list(e["loc"]), "message": e["msg"]} for e in error.errors()]
-        raise ValidationFailed("the collection request is not valid", {"errors": errors}) from None
     collection_id = "col" + uuid.uuid4().hex[:13]
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)
@@ -57,7 +61,7 @@ def create_collection(ctx: AppContext, params: dict[str, Any]) -> dict[str, Any]
             Collection(
                 id=collection_id,
                 name=request.name,
-                status=QUEUED,
+                status=CollectionStatus.QUEUED,
                 params=stored,
                 prompt_count=len(request.prompts),
                 runs_per_prompt=request.runs_per_prompt,
@@ -67,31 +71,32 @@ def create_collection(ctx: AppContext, params: dict[str, Any]) -> dict[str, Any]
     return get_collection(ctx, collection_id)
 
 
-def get_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
+def get_collection(ctx: AppContext, collection_id: str) -> CollectionOut:
     with ctx.db.session() as session:
-        return _collection_record(session, _load(session, collection_id))
+        return _collection_record(session, load_row(session, Collection, collection_id, CollectionNotFound))
 
 
 def list_collections(
-    ctx: AppContext, status: str | None = None, limit: int = 50, cursor: str | None = None
-) -> dict[str, Any]:
+    ctx: AppContext, status: CollectionStatus | None = None, limit: int = DEFAULT_PAGE, cursor: str | None = None
+) -> CollectionList:
     query = select(Collection)
     if status:
         query = query.where(Collection.status == status)
     with ctx.db.session() as session:
-        records, next_cursor = newest_first_page(
-            session, query, Collection, limit, cursor, lambda row: _collection_record(session, row)
-        )
-    return {"collections": records, "count": len(records), "next_cursor": next_cursor}
+
+        def record(row: Collection) -> CollectionOut:
+            return _collection_record(session, row)
+
+        records, next_cursor = newest_first_page(session, query, Collection, limit, cursor, record)
+    return CollectionList(collections=records, count=len(records), next_cursor=next_cursor)
 
 
 def list_items(
-    ctx: AppContext, collection_id: str, status: str | None = None, offset: int = 0, limit: int = 100
-) -> dict[str, Any]:
+    ctx: AppContext, collection_id: str, status: ItemStatus | None = None, offset: int = 0, limit: int = 100
+) -> CollectionItemsPage:
     """Recorded outcomes in (prompt index, run index) order; pairs not yet run are not listed."""
-    offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
     with ctx.db.session() as session:
-        _load(session, collection_id)
+        load_row(session, Collection, collection_id, CollectionNotFound)
         query = select(CollectionItem).where(CollectionItem.collection_id == collection_id)
         if status:
             query = query.where(CollectionItem.status == status)
@@ -99,43 +104,43 @@ def list_items(
         rows = session.scalars(
             query.order_by(CollectionItem.prompt_index, CollectionItem.run_index).offset(offset).limit(limit)
         ).all()
-        items = [_item_record(row) for row in rows]
+        items = [CollectionItemOut.model_validate(row, from_attributes=True) for row in rows]
     following = offset + len(items)
-    return {
-        "collection_id": collection_id,
-        "offset": offset,
-        "limit": limit,
-        "total": total,
-        "next_offset": following if items and following < total else None,
-        "items": items,
-    }
+    return CollectionItemsPage(
+        collection_id=collection_id,
+        offset=offset,
+        limit=limit,
+        total=total,
+        next_offset=following if items and following < total else None,
+        items=items,
+    )
 
 
-def resume_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
+def resume_collection(ctx: AppContext, collection_id: str) -> CollectionOut:
     """A new job that runs every pair not yet kept or discarded (failed ones are tried again)."""
     with ctx.db.session() as session:
-        collection = _load(session, collection_id)
+        collection = load_row(session, Collection, collection_id, CollectionNotFound)
         status = effective_status(session, collection)
-        if status in (QUEUED, RUNNING, "completed"):
+        if status in (CollectionStatus.QUEUED, CollectionStatus.RUNNING, CollectionStatus.COMPLETED):
             raise InvalidState(
                 f"collection {collection_id} is {status}; only a cancelled or failed one resumes",
                 {"collection_id": collection_id, "status": status},
             )
-        collection.status, collection.error, collection.finished_at = QUEUED, None, None
+        collection.status, collection.error, collection.finished_at = CollectionStatus.QUEUED, None, None
     _start_job(ctx, collection_id)
     return get_collection(ctx, collection_id)
 
 
-def cancel_collection(ctx: AppContext, collection_id: str) -> dict[str, Any]:
+def cancel_collection(ctx: AppContext, collection_id: str) -> CollectionOut:
     with ctx.db.session() as session:
-        collection = _load(session, collection_id)
+        collection = load_row(session, Collection, collection_id, CollectionNotFound)
         job = session.get(Job, collection.job_id) if collection.job_id else None
         if job is None or job.status in TERMINAL:
             details = {"collection_id": collection_id, "status": collection.status}
             raise InvalidState(f"collection {collection_id} is not running", details)
     ctx.jobs.cancel(job.id)
-    if job.status == QUEUED:  # the runner ends a queued job at once; its handler never runs to record it
-        mark(ctx, collection_id, status="cancelled")
+    if job.status == JobStatus.QUEUED:  # the runner ends a queued job at once; its handler never runs to record it
+        mark(ctx, collection_id, status=CollectionStatus.CANCELLED)
     return get_collection(ctx, collection_id)
 
 
@@ -153,22 +158,14 @@ def chat_api_key(ctx: AppContext, base_url: str) -> str:
 
 def _start_job(ctx: AppContext, collection_id: str) -> None:
     with ctx.db.session() as session:
-        collection = _load(session, collection_id)
+        collection = load_row(session, Collection, collection_id, CollectionNotFound)
         total = collection.prompt_count * collection.runs_per_prompt
     job_id = ctx.jobs.submit(JOB_KIND, {"collection_id": collection_id}, total=total)
     with ctx.db.session() as session:
-        session.get(Collection, collection_id).job_id = job_id  # type: ignore[union-attr]
+        session.get_one(Collection, collection_id).job_id = job_id
 
 
-def _load(session: Any, collection_id: str) -> Collection:
-    validate_name(collection_id, "collection id")
-    collection = session.get(Collection, collection_id)
-    if collection is None:
-        raise CollectionNotFound(f"no collection with id {collection_id!r}", {"collection_id": collection_id})
-    return collection
-
-
-def item_counts(session: Any, collection_id: str) -> dict[str, int]:
+def item_counts(session: Session, collection_id: str) -> dict[str, int]:
     rows = session.execute(
         select(CollectionItem.status, func.count())
         .where(CollectionItem.collection_id == collection_id)
@@ -177,62 +174,47 @@ def item_counts(session: Any, collection_id: str) -> dict[str, int]:
     return {status: count for status, count in rows}
 
 
-def effective_status(session: Any, collection: Collection) -> str:
+def effective_status(session: Session, collection: Collection) -> CollectionStatus:
     """While its job lives, the job's state (the handler records the outcome a moment before the job ends); after,
     the recorded outcome, or the job's when the handler never ran (a job cancelled while still queued)."""
     job = session.get(Job, collection.job_id) if collection.job_id else None
     if job is None:
-        return collection.status
-    if job.status in (QUEUED, RUNNING):
-        return job.status
-    if collection.status in (QUEUED, RUNNING):
-        return {"succeeded": "completed"}.get(job.status, job.status)
-    return collection.status
+        return CollectionStatus(collection.status)
+    if job.status in UNFINISHED:
+        return CollectionStatus(job.status)
+    if collection.status in UNFINISHED:
+        return CollectionStatus.COMPLETED if job.status == JobStatus.SUCCEEDED else CollectionStatus(job.status)
+    return CollectionStatus(collection.status)
 
 
-def _collection_record(session: Any, collection: Collection) -> dict[str, Any]:
+def _collection_record(session: Session, collection: Collection) -> CollectionOut:
     counts = item_counts(session, collection.id)
     total = collection.prompt_count * collection.runs_per_prompt
     progress = {name: counts.get(name, 0) for name in (KEPT, DISCARDED, FAILED)}
     job = session.get(Job, collection.job_id) if collection.job_id else None
     params = {k: v for k, v in collection.params.items() if k != "output_id"}
-    return {
-        "id": collection.id,
-        "name": collection.name,
-        "status": effective_status(session, collection),
-        "model": params.get("model", ""),
-        "base_url": params.get("base_url", ""),
-        "prompt_count": collection.prompt_count,
-        "runs_per_prompt": collection.runs_per_prompt,
-        "params": params,
-        "progress": {"total": total, **progress, "pending": total - sum(progress.values())},
-        "job_id": collection.job_id,
-        "job": job_record(job) if job is not None else None,
-        "dataset_id": collection.dataset_id,
-        "error": collection.error,
-        "created_at": collection.created_at,
-        "updated_at": collection.updated_at,
-        "finished_at": collection.finished_at,
-    }
-
-
-def _item_record(item: CollectionItem) -> dict[str, Any]:
-    return {
-        "prompt_index": item.prompt_index,
-        "run_index": item.run_index,
-        "status": item.status,
-        "reason": item.reason,
-        "api_calls": item.api_calls,
-        "tool_calls": item.tool_calls,
-        "has_reasoning": item.has_reasoning,
-        "completed": item.completed,
-        "attempts": item.attempts,
-        "finished_at": item.finished_at,
-    }
+    return CollectionOut(
+        id=collection.id,
+        name=collection.name,
+        status=effective_status(session, collection),
+        model=params.get("model", ""),
+        base_url=params.get("base_url", ""),
+        prompt_count=collection.prompt_count,
+        runs_per_prompt=collection.runs_per_prompt,
+        params=params,
+        progress=CollectionProgress(total=total, **progress, pending=total - sum(progress.values())),
+        job_id=collection.job_id,
+        job=job_record(job) if job is not None else None,
+        dataset_id=collection.dataset_id,
+        error=collection.error,
+        created_at=collection.created_at,
+        updated_at=collection.updated_at,
+        finished_at=collection.finished_at,
+    )
 
 
 def mark(ctx: AppContext, collection_id: str, **values: Any) -> None:
-    if values.get("status") in ("completed", "cancelled", "failed"):
+    if values.get("status") in ENDED:
         values.setdefault("finished_at", utcnow())
     with ctx.db.session() as session:
         collection = session.get(Collection, collection_id)

@@ -104,7 +104,7 @@ class Toolbox:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        output = _LimitedReader(process.stdout, self.output_limit)  # type: ignore[arg-type]
+        output = _LimitedReader(process.stdout, self.output_limit)
         timed_out = False
         try:
             exit_code: int | None = process.wait(timeout=self.timeout_s)

@@ -7,6 +7,7 @@ from service.errors import Conflict, NotFound, ValidationFailed
 
 class DatasetNotFound(NotFound):
     code = "DATASET_NOT_FOUND"
+    subject, id_field = "dataset", "dataset_id"
 
 
 class ExportNotFound(NotFound):
@@ -15,6 +16,7 @@ class ExportNotFound(NotFound):
 
 class CollectionNotFound(NotFound):
     code = "COLLECTION_NOT_FOUND"
+    subject, id_field = "collection", "collection_id"
 
 
 class InvalidRecords(ValidationFailed):

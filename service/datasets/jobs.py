@@ -12,7 +12,7 @@ import heapq
 import json
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from service.context import AppContext
 from service.datasets import env_scorer
 from service.datasets.builder import DatasetBuilder, insert_dataset_row
+from service.datasets.schemas import DatasetOut, DerivedDatasetResult
 from service.datasets.service import dataset_stats, dataset_store, get_dataset, summary_endpoint
 from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at
 from service.datasets.summary_client import OpenAICompatibleSummarizer
@@ -31,7 +32,7 @@ from trajectories.compression import CompressionConfig, CompressionStats, compre
 from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
 from trajectories.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
 from trajectories.records import TrajectoryRecord, record_from_dict
-from trajectories.rewards import CorrectnessReward, EnvironmentScorer, WeightedReward, build_rewards, scored
+from trajectories.rewards import CorrectnessReward, WeightedReward, build_rewards, scored
 from trajectories.summarizers import ExtractiveSummarizer, Summarizer
 
 T = TypeVar("T")
@@ -62,7 +63,7 @@ class Derivation:
     def params(self) -> dict[str, Any]:
         return self.handle.params
 
-    def finished_output(self) -> dict[str, Any] | None:
+    def finished_output(self) -> DerivedDatasetResult | None:
         """The output of an earlier attempt of this job, if it got as far as committing it."""
         output_id = self.params["output_id"]
         try:
@@ -71,10 +72,11 @@ class Derivation:
             pass
         meta = dataset_store(self.ctx).files(output_id).meta
         if meta.is_file():
-            return _result(insert_dataset_row(self.ctx.db.session, json.loads(meta.read_text(encoding="utf-8"))))
+            row = insert_dataset_row(self.ctx.db.session, json.loads(meta.read_text(encoding="utf-8")))
+            return _result(DatasetOut.model_validate(row))
         return None
 
-    def parent(self) -> dict[str, Any]:
+    def parent(self) -> DatasetOut:
         try:
             return get_dataset(self.ctx, self.params["dataset_id"])
         except NotFound:
@@ -88,19 +90,19 @@ class Derivation:
     def builder(self, counter: Any, stats: dict[str, Any] | None = None) -> DatasetBuilder:
         return DatasetBuilder(dataset_store(self.ctx), self.handle.job_id, counter, stats)
 
-    def finish(self, builder: DatasetBuilder, parent: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, builder: DatasetBuilder, parent: DatasetOut, report: dict[str, Any]) -> DerivedDatasetResult:
         parameters = {k: v for k, v in self.params.items() if k not in ("dataset_id", "output_id", "name")}
         row = builder.finish(
             self.ctx.db.session,
             self.params["output_id"],
             name=self.params["name"],
             operation=self.operation,
-            parent_id=parent["id"],
+            parent_id=parent.id,
             parameters=parameters,
-            source_format=parent["source_format"],
+            source_format=parent.source_format,
             report=report,
         )
-        return _result(row)
+        return _result(DatasetOut.model_validate(row))
 
     def run(
         self,
@@ -121,19 +123,16 @@ class Derivation:
         self.handle.progress(total, total, force=True)
 
 
-def _result(dataset: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "dataset_id": dataset["id"],
-        "name": dataset["name"],
-        "record_count": dataset["record_count"],
-        "report": dataset["report"],
-    }
+def _result(dataset: DatasetOut) -> DerivedDatasetResult:
+    return DerivedDatasetResult(
+        dataset_id=dataset.id, name=dataset.name, record_count=dataset.record_count, report=dataset.report
+    )
 
 
 # --- filter ---
 
 
-def run_dataset_filter(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_filter(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResult:
     job = Derivation(ctx, handle, "filter")
     if (done := job.finished_output()) is not None:
         return done
@@ -159,14 +158,14 @@ def run_dataset_filter(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
         else:
             out.add(record)
 
-    job.run(builder, parent["record_count"], job.records(), accept)
+    job.run(builder, parent.record_count, job.records(), accept)
     return job.finish(builder, parent, {**report.as_dict(), "tokenizer": counter.name})
 
 
 # --- compress ---
 
 
-def run_dataset_compress(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_compress(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResult:
     job = Derivation(ctx, handle, "compress")
     if (done := job.finished_output()) is not None:
         return done
@@ -198,7 +197,7 @@ def run_dataset_compress(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
 
     outcomes = ordered_map(compress, job.records(), workers)
     try:
-        job.run(builder, parent["record_count"], outcomes, accept)
+        job.run(builder, parent.record_count, outcomes, accept)
     finally:
         outcomes.close()
     report = {**aggregate.as_dict(), "summarizer": summarizer.name, "tokenizer": counter.name}
@@ -223,7 +222,7 @@ def _summarizer(ctx: AppContext, choice: str) -> tuple[Summarizer, int]:
     return summarizer, settings.summary_concurrency
 
 
-def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) -> Generator[R, None, None]:
     """`map` over a thread pool with at most 2 × workers items in flight, results in input order."""
     if workers <= 1:
         yield from map(function, items)
@@ -244,7 +243,7 @@ def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) ->
 # --- score ---
 
 
-def run_dataset_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResult:
     job = Derivation(ctx, handle, "score")
     if (done := job.finished_output()) is not None:
         return done
@@ -254,7 +253,7 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     try:
         rewards = build_rewards(params["rewards"], scorers)
         rewards = [_with_answer_field(reward, answer_field) for reward in rewards]
-        parent_stats = dataset_stats(ctx, parent["id"])["stats"]
+        parent_stats = dataset_stats(ctx, parent.id).stats
         builder = job.builder(load_counter(ctx.settings, "approx"), stats=parent_stats)
         missing = {"answer_missing": 0}
 
@@ -266,10 +265,10 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
             except env_scorer.ScorerFailed as error:
                 raise JobFailed(str(error)) from None
 
-        job.run(builder, parent["record_count"], job.records(), accept)
+        job.run(builder, parent.record_count, job.records(), accept)
     finally:
         for scorer in scorers.values():
-            scorer.close()  # type: ignore[attr-defined]
+            scorer.close()
     weights = {reward.function.name: reward.weight for reward in rewards}
     report = {"rewards": builder.rewards.as_dict(), "weights": weights, "answer_field": answer_field, **missing}
     return job.finish(builder, parent, report)
@@ -277,8 +276,8 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
 
 def _environment_scorers(
     ctx: AppContext, spec: list[dict[str, Any]], answer_field: str
-) -> dict[str, EnvironmentScorer]:
-    scorers: dict[str, EnvironmentScorer] = {}
+) -> dict[str, env_scorer.ChildScorer]:
+    scorers: dict[str, env_scorer.ChildScorer] = {}
     try:
         for entry in spec:
             name = entry["name"]
@@ -287,7 +286,7 @@ def _environment_scorers(
                 scorers[name] = env_scorer.ChildScorer(path, answer_field, ctx.settings.schema_timeout_s)
     except env_scorer.ScorerFailed as error:
         for scorer in scorers.values():
-            scorer.close()  # type: ignore[attr-defined]
+            scorer.close()
         raise JobFailed(str(error)) from None
     return scorers
 
@@ -343,7 +342,7 @@ def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any
         os.replace(staging, final)
     finally:
         store.discard(scratch)
-    handle.progress(dataset["record_count"], dataset["record_count"], force=True)
+    handle.progress(dataset.record_count, dataset.record_count, force=True)
     return {
         "dataset_id": dataset_id,
         "export_id": export_id,

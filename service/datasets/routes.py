@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -31,14 +32,16 @@ from service.datasets.schemas import (
     RecordsPage,
     ScoreRequest,
     UploadFormat,
+    UploadOptions,
 )
+from service.datasets.service import MAX_RECORDS_PAGE
 from service.datasets.store import UPLOADS
 from service.deps import Ctx
 from service.errors import ValidationFailed
 from service.jobs.schemas import JobOut
-from service.names import NAME_PATTERN, name_path, validate_name
-from service.pagination import CURSOR_PATTERN
-from service.schemas import error_responses, json_error_responses
+from service.names import NAME_PATTERN, name_path
+from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
+from service.schemas import error_responses, json_error_responses, response
 from service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], responses=error_responses(401))
@@ -91,18 +94,16 @@ async def upload_dataset(
     on_error: Annotated[OnError, Query(description="`fail`: store nothing if any line is bad; `skip`.")] = "fail",
     container: Annotated[ContainerName, Query(description="JSON Lines, one JSON document, or `auto`.")] = "auto",
     tokenizer: Annotated[str | None, Query(pattern=NAME_PATTERN, description="Token counter for stats.")] = None,
-) -> dict:
+) -> DatasetOut:
     """One record per line: OpenAI chat (`{"messages": [...]}`), ShareGPT (`{"conversations": [...]}`) or an
     agent-log format; other keys of a line become the record's metadata (`answer`, `task_id`, `reward`, ...).
     Single JSON documents (tau-bench arrays, SWE-agent `.traj`) upload too. Every bad line is reported with its
     line number (422 INVALID_RECORDS) and nothing is stored, unless `on_error=skip`. The body is streamed to
     disk (limit `RLCTL_DATASET_UPLOAD_MAX_BYTES`), never held in memory."""
-    validate_name(name, "dataset name")
+    options = UploadOptions(name=name, format=format, on_error=on_error, container=container, tokenizer=tokenizer)
     upload = await _receive_upload(ctx, request)
     try:
-        return await run_in_threadpool(
-            service.upload_dataset, ctx, name, format, upload, on_error, container, tokenizer
-        )
+        return await run_in_threadpool(service.upload_dataset, ctx, options, upload)
     finally:
         upload.close()
 
@@ -113,17 +114,15 @@ async def list_datasets(
     name: Annotated[str | None, Query(pattern=NAME_PATTERN, description="Only datasets with this name.")] = None,
     operation: Annotated[Operation | None, Query(description="Only datasets made by this operation.")] = None,
     parent_id: Annotated[str | None, Query(pattern=NAME_PATTERN, description="Only datasets derived from it.")] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[
-        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
-    ] = None,
-) -> dict:
+    limit: PageLimit = DEFAULT_PAGE,
+    cursor: PageCursor = None,
+) -> DatasetList:
     """Newest first."""
     return await run_in_threadpool(service.list_datasets, ctx, name, operation, parent_id, limit, cursor)
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, summary="Get a dataset", responses=error_responses(404, 422))
-async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> dict:
+async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> DatasetOut:
     """Counts, lineage (parent, operation, parameters) and the operation's report."""
     return await run_in_threadpool(service.get_dataset, ctx, dataset_id)
 
@@ -146,8 +145,8 @@ async def get_records(
     ctx: Ctx,
     dataset_id: DatasetId,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000, description="Index of the first record.")] = 0,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-) -> dict:
+    limit: Annotated[int, Query(ge=1, le=MAX_RECORDS_PAGE)] = 20,
+) -> RecordsPage:
     """Records `offset` … `offset + limit − 1` in stored order; `next_offset` is null on the last page."""
     return await run_in_threadpool(service.read_records, ctx, dataset_id, offset, limit)
 
@@ -158,7 +157,7 @@ async def get_records(
     summary="Dataset statistics",
     responses=error_responses(404, 422),
 )
-async def get_stats(ctx: Ctx, dataset_id: DatasetId) -> dict:
+async def get_stats(ctx: Ctx, dataset_id: DatasetId) -> DatasetStatsOut:
     """Tool calls with success and failure rates, reasoning coverage, completion rate, API calls, token and
     turn distributions, source formats and rewards; computed while the dataset was written."""
     return await run_in_threadpool(service.dataset_stats, ctx, dataset_id)
@@ -174,8 +173,8 @@ async def get_compression_metrics(
     ctx: Ctx,
     dataset_id: DatasetId,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
-    limit: Annotated[int, Query(ge=1, le=200)] = 100,
-) -> dict:
+    limit: PageLimit = 100,
+) -> MetricsPage:
     """For a dataset made by compress: tokens before and after, ratio, turns removed, still over limit,
     summarisation calls and errors, per record (empty for other datasets)."""
     return await run_in_threadpool(service.read_compression_metrics, ctx, dataset_id, offset, limit)
@@ -185,7 +184,7 @@ async def get_compression_metrics(
     "/{dataset_id}/export",
     summary="Download the records",
     response_class=StreamingResponse,
-    responses={200: {"description": "JSON Lines", "content": {JSONL: {}}}} | json_error_responses(401, 404, 422),
+    responses=response(200, "JSON Lines", media_type=JSONL) | json_error_responses(401, 404, 422),
 )
 async def export_dataset(
     ctx: Ctx,
@@ -203,8 +202,7 @@ async def export_dataset(
     "/{dataset_id}/exports/{export_id}",
     summary="Download a GRPO export",
     response_class=FileResponse,
-    responses={200: {"description": "JSON Lines, one group per line", "content": {JSONL: {}}}}
-    | json_error_responses(401, 404, 422),
+    responses=response(200, "JSON Lines, one group per line", media_type=JSONL) | json_error_responses(401, 404, 422),
 )
 async def download_export(ctx: Ctx, dataset_id: DatasetId, export_id: ExportId) -> FileResponse:
     """One line per prompt group: prompt, rewards, advantages and the group's trajectories."""
@@ -219,10 +217,10 @@ async def download_export(ctx: Ctx, dataset_id: DatasetId, export_id: ExportId) 
     summary="Filter into a derived dataset",
     responses=error_responses(404, 413, 422),
 )
-async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -> dict:
+async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -> JobOut:
     """Drops records without reasoning, incomplete ones, ones calling tools outside `allowed_tools`, and ones
     outside the token bounds. Answers the job; its result names the derived dataset and the drop reasons."""
-    return await run_in_threadpool(service.start_filter, ctx, dataset_id, body.model_dump())
+    return await run_in_threadpool(service.start_filter, ctx, dataset_id, body)
 
 
 @router.post(
@@ -232,12 +230,12 @@ async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -
     summary="Compress into a derived dataset",
     responses=error_responses(404, 409, 413, 422),
 )
-async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressRequest) -> dict:
+async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressRequest) -> JobOut:
     """Brings each record under `target_max_tokens` (15250) by summarising as little of its middle as needed
     (≤ `summary_target_tokens`, 750), protecting the first system, human, gpt and tool turns and the last 4.
     A record whose summary fails keeps its original form and is counted. Answers the job; its result has the
     aggregate metrics, per-record ones are at /datasets/{id}/compression-metrics."""
-    return await run_in_threadpool(service.start_compression, ctx, dataset_id, body.model_dump())
+    return await run_in_threadpool(service.start_compression, ctx, dataset_id, body)
 
 
 @router.post(
@@ -247,11 +245,11 @@ async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressReques
     summary="Score into a derived dataset",
     responses=error_responses(404, 413, 422),
 )
-async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> dict:
+async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> JobOut:
     """Weighted reward functions: `correctness` (2.0 when the record's `answer_field` is in the final answer),
     `format` (0.25 for <think>, 0.25 for <tool_call>), `source_reward`, or an environment's scorer by name
     (e.g. `gsm8k`, run in a child process). Records get `reward` and `reward_breakdown`."""
-    return await run_in_threadpool(service.start_scoring, ctx, dataset_id, body.model_dump())
+    return await run_in_threadpool(service.start_scoring, ctx, dataset_id, body)
 
 
 @router.post(
@@ -261,11 +259,11 @@ async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> 
     summary="Export for GRPO",
     responses=error_responses(404, 413, 422),
 )
-async def export_grpo(ctx: Ctx, dataset_id: DatasetId, body: GrpoExportRequest) -> dict:
+async def export_grpo(ctx: Ctx, dataset_id: DatasetId, body: GrpoExportRequest) -> JobOut:
     """Groups scored records by prompt with their rewards and group-relative advantages (sorted on disk).
     Groups too small, records without a reward or a prompt are reported in the job's result, never silently
     kept. Download from the result's `download` path."""
-    return await run_in_threadpool(service.start_grpo_export, ctx, dataset_id, body.model_dump())
+    return await run_in_threadpool(service.start_grpo_export, ctx, dataset_id, body)
 
 
 # --- receiving an upload without holding it in memory ---
@@ -290,7 +288,7 @@ class _Upload:
     def seek(self, offset: int, whence: int = 0) -> int:
         return self.handle.seek(offset, whence)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[bytes]:
         return iter(self.handle)
 
     def close(self) -> None:
@@ -311,7 +309,7 @@ async def _receive_upload(ctx: AppContext, request: Request) -> _Upload:
             await form.close()
             raise ValidationFailed("a multipart upload needs its file in the field 'file'", {"field": "file"})
         upload.file.seek(0)
-        return _Upload(upload.file)  # type: ignore[arg-type]
+        return _Upload(upload.file)
     spool = ctx.settings.data_path / "datasets" / UPLOADS
     spool.mkdir(parents=True, exist_ok=True)
     descriptor, path = tempfile.mkstemp(prefix="upload-", dir=spool)

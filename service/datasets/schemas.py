@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.names import NAME_PATTERN
 
@@ -28,6 +28,20 @@ _TOKENIZER_FIELD = Field(
 )
 
 
+class UploadOptions(BaseModel):
+    """How an upload is read and stored (the query parameters of POST /datasets)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Dataset name (letters, digits, '_' and '-'; need not be unique).")
+    format: UploadFormat = Field("auto", description="Input format; `auto` detects it per record.")
+    on_error: OnError = Field(
+        "fail", description="`fail`: any bad line stores nothing (all are reported); `skip`: keep the good lines."
+    )
+    container: ContainerName = Field("auto", description="JSON Lines, one JSON document, or `auto`.")
+    tokenizer: str | None = _TOKENIZER_FIELD
+
+
 class ItemErrorOut(BaseModel):
     line: int = Field(description="1-based line where the item starts in the upload.")
     code: str = Field(description="INVALID_JSON, INVALID_RECORD, UNKNOWN_FORMAT, UNKNOWN_ROLE, ...")
@@ -47,6 +61,15 @@ class DatasetOut(BaseModel):
     byte_size: int
     report: dict[str, Any] = Field(description="What the operation did: skipped lines, dropped records, metrics.")
     created_at: datetime
+
+
+class DerivedDatasetResult(BaseModel):
+    """The result of a filter, compress or score job: the dataset it made."""
+
+    dataset_id: str
+    name: str
+    record_count: int
+    report: dict[str, Any] = Field(description="What the operation did: dropped records, metrics.")
 
 
 class DatasetList(BaseModel):
@@ -128,8 +151,21 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = _NAME_FIELD
-    rewards: list[RewardSpec] = Field(min_length=1, max_length=16)
+    rewards: list[RewardSpec] = Field(
+        min_length=1,
+        max_length=16,
+        description='Each reward function once, e.g. [{"name": "correctness", "weight": 1.0}, '
+        '{"name": "format", "weight": 1.0}].',
+    )
     answer_field: str = Field("answer", pattern=FIELD_PATTERN, description="Metadata field of the expected answer.")
+
+    @field_validator("rewards")
+    @classmethod
+    def _each_reward_once(cls, rewards: list[RewardSpec]) -> list[RewardSpec]:
+        names = [reward.name for reward in rewards]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each reward function may appear once: {names}")
+        return rewards
 
 
 class GrpoExportRequest(BaseModel):

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         try:
             request = json.loads(line)
             value = float(score(str(request["completion"]), gold_of(module, request["answer"])))
-            answer = {"score": value}
+            answer: dict[str, float | str] = {"score": value}
         except Exception as error:  # noqa: BLE001 - one bad record is reported, the child goes on
             answer = {"error": f"{type(error).__name__}: {error}"}
         out.write(json.dumps(answer) + "\n")

@@ -1,16 +1,14 @@
-"""Dataset operations, shared by the REST routes and the agent tools: each takes the AppContext and plain
-arguments and returns JSON-ready dicts. Long operations start a background job and return it."""
+"""Dataset operations, shared by the REST routes and the agent tools: each takes the AppContext and its typed
+request and returns its response model. Long operations start a background job and return it."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 
 from service.context import AppContext
@@ -26,24 +24,37 @@ from service.datasets.errors import (
     SummarizerNotConfigured,
     UnknownReward,
 )
-from service.datasets.schemas import CompressRequest, FilterRequest, GrpoExportRequest, ScoreRequest
+from service.datasets.schemas import (
+    CompressRequest,
+    DatasetList,
+    DatasetOut,
+    DatasetStatsOut,
+    ExportFormat,
+    FilterRequest,
+    GrpoExportRequest,
+    MetricsPage,
+    Operation,
+    RecordsPage,
+    ScoreRequest,
+    UploadOptions,
+)
 from service.datasets.store import DatasetStore, read_page
 from service.datasets.tokenizers import load_counter, resolve_tokenizer
-from service.datasets.uploads import UndecodableUpload, upload_items
+from service.datasets.uploads import ByteStream, UndecodableUpload, upload_items
 from service.db.models import Dataset, Job
-from service.errors import ValidationFailed
-from service.jobs.runner import QUEUED, RUNNING
+from service.db.rows import load_row
+from service.jobs.runner import UNFINISHED
+from service.jobs.schemas import JobOut
 from service.jobs.service import get_job
 from service.names import validate_name
-from service.pagination import newest_first_page
-from trajectories.importing import FORMAT_NAMES, import_item
+from service.pagination import DEFAULT_PAGE, newest_first_page
+from trajectories.importing import import_item
 from trajectories.reading import ItemError
 from trajectories.records import record_from_dict
 from trajectories.rewards import BUILTIN_REWARDS
 
 logger = logging.getLogger("rlctl.datasets")
 
-MAX_METRICS_PAGE = 200
 MAX_RECORDS_PAGE = 100
 MAX_REPORTED_ERRORS = 100
 DATASET_JOB_KINDS = ("dataset_filter", "dataset_compress", "dataset_score", "dataset_export_grpo")
@@ -53,20 +64,8 @@ def dataset_store(ctx: AppContext) -> DatasetStore:
     return DatasetStore(ctx.settings.data_path)
 
 
-def dataset_record(row: Dataset) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "parent_id": row.parent_id,
-        "operation": row.operation,
-        "parameters": row.parameters,
-        "source_format": row.source_format,
-        "status": row.status,
-        "record_count": row.record_count,
-        "byte_size": row.byte_size,
-        "report": row.report,
-        "created_at": row.created_at,
-    }
+def dataset_record(row: Dataset) -> DatasetOut:
+    return DatasetOut.model_validate(row, from_attributes=True)
 
 
 # --- upload ---
@@ -87,27 +86,17 @@ class _ErrorList:
         return {"errors": self.items, "error_count": self.count, "errors_truncated": self.count > len(self.items)}
 
 
-def upload_dataset(
-    ctx: AppContext,
-    name: str,
-    fmt: str,
-    lines_or_stream: BinaryIO | Iterable[str],
-    on_error: str = "fail",
-    container: str = "auto",
-    tokenizer: str | None = None,
-) -> dict[str, Any]:
+def upload_dataset(ctx: AppContext, options: UploadOptions, lines_or_stream: ByteStream | Iterable[str]) -> DatasetOut:
     """Import an upload, record by record, into a new dataset. With `on_error="fail"` any bad item stores
     nothing (every bad line is reported); with `"skip"` the good items are stored and the bad ones reported."""
+    name, fmt, on_error, container = options.name, options.format, options.on_error, options.container
     validate_name(name, "dataset name")
-    _check_choice("format", fmt, FORMAT_NAMES)
-    _check_choice("on_error", on_error, ("fail", "skip"))
-    _check_choice("container", container, ("auto", "jsonl", "json"))
-    counter_name = resolve_tokenizer(ctx.settings, tokenizer)
+    counter_name = resolve_tokenizer(ctx.settings, options.tokenizer)
     dataset_id = new_dataset_id()
     builder = DatasetBuilder(dataset_store(ctx), f"upload-{dataset_id}", load_counter(ctx.settings, counter_name))
     errors = _ErrorList()
     try:
-        for item in upload_items(lines_or_stream, container):  # type: ignore[arg-type]
+        for item in upload_items(lines_or_stream, container):
             outcome = item if isinstance(item, ItemError) else import_item(item, fmt)
             if isinstance(outcome, ItemError):
                 errors.add(outcome)
@@ -130,7 +119,7 @@ def upload_dataset(
         raise EmptyUpload("the upload holds no records", errors.details())
     report = {"records": builder.count, "skipped": errors.count, **errors.details(), "tokenizer": counter_name}
     parameters = {"format": fmt, "on_error": on_error, "container": container, "tokenizer": counter_name}
-    return builder.finish(
+    meta = builder.finish(
         ctx.db.session,
         dataset_id,
         name=name,
@@ -139,24 +128,25 @@ def upload_dataset(
         source_format=fmt,
         report=report,
     )
+    return DatasetOut.model_validate(meta)
 
 
 # --- reads ---
 
 
-def get_dataset(ctx: AppContext, dataset_id: str) -> dict[str, Any]:
+def get_dataset(ctx: AppContext, dataset_id: str) -> DatasetOut:
     with ctx.db.session() as session:
-        return dataset_record(_load(session, dataset_id))
+        return dataset_record(load_row(session, Dataset, dataset_id, DatasetNotFound))
 
 
 def list_datasets(
     ctx: AppContext,
     name: str | None = None,
-    operation: str | None = None,
+    operation: Operation | None = None,
     parent_id: str | None = None,
-    limit: int = 50,
+    limit: int = DEFAULT_PAGE,
     cursor: str | None = None,
-) -> dict[str, Any]:
+) -> DatasetList:
     query = select(Dataset)
     if name:
         query = query.where(Dataset.name == name)
@@ -166,36 +156,47 @@ def list_datasets(
         query = query.where(Dataset.parent_id == parent_id)
     with ctx.db.session() as session:
         records, next_cursor = newest_first_page(session, query, Dataset, limit, cursor, dataset_record)
-    return {"datasets": records, "count": len(records), "next_cursor": next_cursor}
+    return DatasetList(datasets=records, count=len(records), next_cursor=next_cursor)
 
 
-def dataset_stats(ctx: AppContext, dataset_id: str) -> dict[str, Any]:
+def dataset_stats(ctx: AppContext, dataset_id: str) -> DatasetStatsOut:
     with ctx.db.session() as session:
-        row = _load(session, dataset_id)
-        return {"dataset_id": row.id, "record_count": row.record_count, "stats": row.stats}
+        row = load_row(session, Dataset, dataset_id, DatasetNotFound)
+        return DatasetStatsOut(dataset_id=row.id, record_count=row.record_count, stats=row.stats)
 
 
-def read_records(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 20) -> dict[str, Any]:
+def read_records(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 20) -> RecordsPage:
     """A page of records, found through the offsets index: as fast at the end of a dataset as at its start."""
-    total = get_dataset(ctx, dataset_id)["record_count"]
-    offset, limit = max(0, offset), max(1, min(limit, MAX_RECORDS_PAGE))
+    total = get_dataset(ctx, dataset_id).record_count
     files = dataset_store(ctx).files(dataset_id)
     lines = read_page(files.records, files.index, offset, limit) if offset < total else []
-    return {**_page(dataset_id, offset, limit, total, len(lines)), "records": [json.loads(line) for line in lines]}
+    return RecordsPage(
+        dataset_id=dataset_id,
+        offset=offset,
+        limit=limit,
+        total=total,
+        next_offset=_next_offset(offset, len(lines), total),
+        records=[json.loads(line) for line in lines],
+    )
 
 
-def read_compression_metrics(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+def read_compression_metrics(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 100) -> MetricsPage:
     dataset = get_dataset(ctx, dataset_id)
     files = dataset_store(ctx).files(dataset_id)
-    total = dataset["record_count"] if files.compression.exists() else 0
-    offset, limit = max(0, offset), max(1, min(limit, MAX_METRICS_PAGE))
+    total = dataset.record_count if files.compression.exists() else 0
     lines = read_page(files.compression, files.compression_index, offset, limit) if offset < total else []
-    return {**_page(dataset_id, offset, limit, total, len(lines)), "metrics": [json.loads(line) for line in lines]}
+    return MetricsPage(
+        dataset_id=dataset_id,
+        offset=offset,
+        limit=limit,
+        total=total,
+        next_offset=_next_offset(offset, len(lines), total),
+        metrics=[json.loads(line) for line in lines],
+    )
 
 
-def export_dataset(ctx: AppContext, dataset_id: str, fmt: str = "rlctl") -> Iterator[bytes]:
+def export_dataset(ctx: AppContext, dataset_id: str, fmt: ExportFormat = "rlctl") -> Iterator[bytes]:
     """The records as JSON Lines: stored form (`rlctl`, re-importable as is) or plain ShareGPT."""
-    _check_choice("format", fmt, ("rlctl", "sharegpt"))
     get_dataset(ctx, dataset_id)
     path = dataset_store(ctx).files(dataset_id).records
     try:
@@ -219,7 +220,7 @@ def export_file(ctx: AppContext, dataset_id: str, export_id: str) -> Path:
 def delete_dataset(ctx: AppContext, dataset_id: str) -> None:
     """Removes the row, then the files. Derived datasets keep their parent_id (lineage outlives the parent)."""
     with ctx.db.session() as session:
-        row = _load(session, dataset_id)
+        row = load_row(session, Dataset, dataset_id, DatasetNotFound)
         busy = [job.id for job in _unfinished_dataset_jobs(session) if job.params.get("dataset_id") == dataset_id]
         if busy:
             raise DatasetBusy(f"job(s) {', '.join(busy)} still read dataset {dataset_id}", {"jobs": busy})
@@ -230,18 +231,18 @@ def delete_dataset(ctx: AppContext, dataset_id: str) -> None:
 # --- derived datasets (background jobs) ---
 
 
-def start_filter(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+def start_filter(ctx: AppContext, dataset_id: str, request: FilterRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    params = validated(FilterRequest, params)
+    params = request.model_dump()
     params["tokenizer"] = resolve_tokenizer(ctx.settings, params.get("tokenizer"))
     if params.get("allowed_tools") is not None:
         params["allowed_tools"] = sorted(set(params["allowed_tools"]))
     return _submit(ctx, "dataset_filter", parent, params)
 
 
-def start_compression(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+def start_compression(ctx: AppContext, dataset_id: str, request: CompressRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    params = validated(CompressRequest, params)
+    params = request.model_dump()
     params["tokenizer"] = resolve_tokenizer(ctx.settings, params.get("tokenizer"))
     choice = params.get("summarizer", "auto")
     configured = summary_endpoint(ctx) is not None
@@ -256,40 +257,22 @@ def start_compression(ctx: AppContext, dataset_id: str, params: dict[str, Any]) 
     return _submit(ctx, "dataset_compress", parent, params)
 
 
-def start_scoring(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    params = validated(ScoreRequest, params)
-    names = [reward["name"] for reward in params["rewards"]]
-    if len(set(names)) != len(names):
-        raise ValidationFailed("each reward function may appear once", {"rewards": names})
-    for reward in params["rewards"]:
-        if not math.isfinite(float(reward.get("weight", 1.0))):
-            raise ValidationFailed("reward weights must be finite numbers", {"reward": reward["name"]})
-        if reward["name"] not in BUILTIN_REWARDS and not env_scorer.has_scorer(ctx, reward["name"]):
+    for reward in request.rewards:
+        if reward.name not in BUILTIN_REWARDS and not env_scorer.has_scorer(ctx, reward.name):
             raise UnknownReward(
-                f"unknown reward function {reward['name']!r}",
-                {"name": reward["name"], "available": [*BUILTIN_REWARDS, *env_scorer.scorer_environments(ctx)]},
+                f"unknown reward function {reward.name!r}",
+                {"name": reward.name, "available": [*BUILTIN_REWARDS, *env_scorer.scorer_environments(ctx)]},
             )
-    return _submit(ctx, "dataset_score", parent, params)
+    return _submit(ctx, "dataset_score", parent, request.model_dump())
 
 
-def start_grpo_export(ctx: AppContext, dataset_id: str, params: dict[str, Any]) -> dict[str, Any]:
+def start_grpo_export(ctx: AppContext, dataset_id: str, request: GrpoExportRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    params = validated(GrpoExportRequest, params)
-    job_id = ctx.jobs.submit(
-        "dataset_export_grpo", {**params, "dataset_id": parent["id"]}, total=parent["record_count"]
-    )
+    params = {**request.model_dump(), "dataset_id": parent.id}
+    job_id = ctx.jobs.submit("dataset_export_grpo", params, total=parent.record_count)
     return get_job(ctx, job_id)
-
-
-def validated(request_model: type[BaseModel], params: dict[str, Any]) -> dict[str, Any]:
-    """An operation's parameters with their defaults, checked by the same model as the REST request body
-    (callers other than the routes, e.g. the agent tools, pass partial dicts)."""
-    try:
-        return request_model.model_validate(params).model_dump()
-    except ValidationError as error:
-        errors = [{"location": list(e["loc"]), "message": e["msg"]} for e in error.errors()]
-        raise ValidationFailed("the operation's parameters are not valid", {"errors": errors}) from None
 
 
 def summary_endpoint(ctx: AppContext) -> tuple[str, str] | None:
@@ -316,46 +299,26 @@ def open_datasets(ctx: AppContext) -> None:
 # --- helpers ---
 
 
-def _submit(ctx: AppContext, kind: str, parent: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def _submit(ctx: AppContext, kind: str, parent: DatasetOut, params: dict[str, Any]) -> JobOut:
     operation = kind.removeprefix("dataset_")
     params = {
         **params,
-        "dataset_id": parent["id"],
+        "dataset_id": parent.id,
         "output_id": new_dataset_id(),
-        "name": params.get("name") or f"{parent['name'][:100]}-{operation}",
+        "name": params.get("name") or f"{parent.name[:100]}-{operation}",
     }
-    job_id = ctx.jobs.submit(kind, params, total=parent["record_count"])
+    job_id = ctx.jobs.submit(kind, params, total=parent.record_count)
     return get_job(ctx, job_id)
 
 
 def _unfinished_dataset_jobs(session: Any) -> list[Job]:
-    query = select(Job).where(Job.kind.in_(DATASET_JOB_KINDS), Job.status.in_((QUEUED, RUNNING)))
+    query = select(Job).where(Job.kind.in_(DATASET_JOB_KINDS), Job.status.in_(UNFINISHED))
     return list(session.scalars(query))
 
 
-def _load(session: Any, dataset_id: str) -> Dataset:
-    validate_name(dataset_id, "dataset id")
-    row = session.get(Dataset, dataset_id)
-    if row is None:
-        raise DatasetNotFound(f"no dataset with id {dataset_id!r}", {"dataset_id": dataset_id})
-    return row
-
-
-def _page(dataset_id: str, offset: int, limit: int, total: int, returned: int) -> dict[str, Any]:
+def _next_offset(offset: int, returned: int, total: int) -> int | None:
     following = offset + returned
-    return {
-        "dataset_id": dataset_id,
-        "offset": offset,
-        "limit": limit,
-        "total": total,
-        "next_offset": following if returned and following < total else None,
-    }
-
-
-def _check_choice(field: str, value: str, choices: Iterable[str]) -> None:
-    allowed = list(choices)
-    if value not in allowed:
-        raise ValidationFailed(f"unknown {field} {value!r}", {"field": field, "available": allowed})
+    return following if returned and following < total else None
 
 
 def _chunks_of(handle: BinaryIO, size: int = 1 << 20) -> Iterator[bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from typing import Protocol, runtime_checkable
 
 from trajectories.reading import Container, ItemError, RawItem, guess_container, read_items, read_json_document
 
@@ -20,12 +20,27 @@ class UndecodableUpload(ValueError):
         self.line = line
 
 
-def upload_items(source: BinaryIO | Iterable[str], container: Container = "auto") -> Iterator[RawItem | ItemError]:
+@runtime_checkable
+class ByteStream(Protocol):
+    """A seekable binary upload: a spooled file, or the routes' wrapper of one."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+    def tell(self) -> int: ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+
+def upload_items(source: ByteStream | Iterable[str], container: Container = "auto") -> Iterator[RawItem | ItemError]:
     """Items of a seekable binary stream (an uploaded file) or of text lines (agent tools, tests)."""
-    if not hasattr(source, "read"):
-        yield from read_items(source, container)  # type: ignore[arg-type]
+    if not isinstance(source, ByteStream):
+        yield from read_items(source, container)
         return
-    stream: BinaryIO = source  # type: ignore[assignment]
+    stream = source
     if container == "auto":
         container = _detect_container(stream)
     if container == "jsonl":
@@ -34,7 +49,7 @@ def upload_items(source: BinaryIO | Iterable[str], container: Container = "auto"
         yield from read_json_document(_decoded_chunks(stream))
 
 
-def _detect_container(stream: BinaryIO) -> Container:
+def _detect_container(stream: ByteStream) -> Container:
     start = stream.tell()
     try:
         while True:
@@ -50,7 +65,7 @@ def _detect_container(stream: BinaryIO) -> Container:
         stream.seek(start)
 
 
-def _decoded_lines(stream: BinaryIO) -> Iterator[str]:
+def _decoded_lines(stream: ByteStream) -> Iterator[str]:
     for number, raw in enumerate(stream, start=1):
         try:
             yield raw.decode("utf-8")
@@ -58,7 +73,7 @@ def _decoded_lines(stream: BinaryIO) -> Iterator[str]:
             raise UndecodableUpload(number, error.reason) from None
 
 
-def _decoded_chunks(stream: BinaryIO) -> Iterator[str]:
+def _decoded_chunks(stream: ByteStream) -> Iterator[str]:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     line = 1
     while True:

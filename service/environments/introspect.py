@@ -61,7 +61,7 @@ def type_name(annotation: Any) -> str:
     return str(annotation)
 
 
-def load_environment_class(file_path: Path, class_name: str) -> type:
+def load_environment_class(file_path: Path, class_name: str) -> type[Any]:
     # Sibling imports (an environment deriving from another file's class) resolve like `python FILE` would.
     sys.path.insert(0, str(file_path.parent))
     spec = importlib.util.spec_from_file_location(f"rlctl_env_{file_path.stem}", file_path)

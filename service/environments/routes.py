@@ -23,7 +23,7 @@ router = APIRouter(prefix="/environments", tags=["environments"], responses=erro
 
 
 @router.get("", response_model=EnvironmentList, summary="List the environments")
-def list_environments(ctx: Ctx) -> dict:
+def list_environments(ctx: Ctx) -> EnvironmentList:
     """Every environment class found in the environment directories, and the files that could not be read."""
     return service.list_environments(ctx)
 
@@ -38,7 +38,7 @@ async def get_environment(
     ctx: Ctx,
     name: EnvironmentName,
     backend: Annotated[Backend | None, Query(description="Backend whose locked values to show.")] = None,
-) -> dict:
+) -> EnvironmentDetail:
     """The environment with its configurable fields (defaults from `config_init()`) and the locked fields."""
     return await run_in_threadpool(service.describe_environment, ctx, name, backend)
 
@@ -49,6 +49,6 @@ async def get_environment(
     summary="Preview a run's merged configuration",
     responses=error_responses(404, 413, 422),
 )
-async def preview_environment_config(ctx: Ctx, name: EnvironmentName, body: ConfigPreviewRequest) -> dict:
+async def preview_environment_config(ctx: Ctx, name: EnvironmentName, body: ConfigPreviewRequest) -> ConfigPreview:
     """Validate edits and show the merged config and YAML a run would get; nothing is stored."""
     return await run_in_threadpool(service.preview_config, ctx, name, body.config, body.backend)

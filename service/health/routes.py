@@ -29,18 +29,18 @@ class Readiness(BaseModel):
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness")
-def healthz() -> dict:
+def healthz() -> Health:
     """Answers while the process serves requests."""
-    return {"status": "ok"}
+    return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Readiness, summary="Readiness", responses=error_responses(503))
-async def readyz(ctx: Ctx) -> dict:
+async def readyz(ctx: Ctx) -> Readiness:
     """Ready when the database answers and its schema is at the newest migration."""
     return await run_in_threadpool(check_readiness, ctx)
 
 
-def check_readiness(ctx: AppContext) -> dict:
+def check_readiness(ctx: AppContext) -> Readiness:
     head = migrate.head_revision()
     try:
         with ctx.db.engine.connect() as connection:
@@ -53,4 +53,4 @@ def check_readiness(ctx: AppContext) -> dict:
             "database schema is behind: run `rlctl db upgrade`",
             {"schema_revision": current, "head_revision": head},
         )
-    return {"status": "ready", "database": "ok", "schema_revision": current, "head_revision": head}
+    return Readiness(status="ready", database="ok", schema_revision=current, head_revision=head)

@@ -94,7 +94,7 @@ def _completion_texts(env: Any, group: dict[str, Any]) -> list[str]:
     return texts
 
 
-def install_hooks(env_class: type, recorder: Recorder) -> None:
+def install_hooks(env_class: type[Any], recorder: Recorder) -> None:
     import openai
     from openai.resources.chat.completions import AsyncCompletions as AsyncChatCompletions
     from openai.resources.completions import AsyncCompletions
@@ -116,8 +116,9 @@ def install_hooks(env_class: type, recorder: Recorder) -> None:
 
         return timed_create
 
-    AsyncChatCompletions.create = timed(AsyncChatCompletions.create, "chat completion")
-    AsyncCompletions.create = timed(AsyncCompletions.create, "completion")
+    # The SDK has no hook for timing each request: its create methods are wrapped in this child process only.
+    AsyncChatCompletions.create = timed(AsyncChatCompletions.create, "chat completion")  # type: ignore[method-assign]
+    AsyncCompletions.create = timed(AsyncCompletions.create, "completion")  # type: ignore[method-assign]
 
     original_send = env_class.handle_send_to_api
 

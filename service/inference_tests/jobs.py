@@ -32,6 +32,7 @@ import yaml
 from service.context import AppContext
 from service.errors import ServiceError
 from service.inference_tests import preflight
+from service.inference_tests.schemas import InferenceTestResult
 from service.inference_tests.summary import ModelOutcome, model_result, progress_done, result_file_stem, summarize
 from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
@@ -180,7 +181,7 @@ def job_kinds() -> tuple[JobKind, ...]:
     return (JobKind(KIND, run_inference_test, resumable=False),)
 
 
-def run_inference_test(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
+def run_inference_test(ctx: AppContext, handle: JobHandle) -> InferenceTestResult:
     """The job handler: plan, run every model, summarise."""
     plan = _plan(ctx, handle)
     try:
@@ -202,14 +203,14 @@ def run_inference_test(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     if handle.cancelled:
         raise JobCancelled()
     results = [model_result(outcome) for outcome in outcomes]
-    return {
-        "environment": plan.environment,
-        "base_url": plan.base_url,
-        "num_steps": plan.num_steps,
-        "group_size": plan.group_size,
-        "models_tested": results,
-        "summary": summarize(results, plan.num_steps, str(plan.output_dir)),
-    }
+    return InferenceTestResult(
+        environment=plan.environment,
+        base_url=plan.base_url,
+        num_steps=plan.num_steps,
+        group_size=plan.group_size,
+        models_tested=results,
+        summary=summarize(results, plan.num_steps, str(plan.output_dir)),
+    )
 
 
 def _plan(ctx: AppContext, handle: JobHandle) -> InferencePlan:

@@ -16,7 +16,7 @@ from service.inference_tests.schemas import (
     InferenceTestStatus,
 )
 from service.names import name_path
-from service.pagination import CURSOR_PATTERN
+from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
 
 router = APIRouter(prefix="/inference-tests", tags=["inference tests"], responses=error_responses(401))
@@ -30,35 +30,23 @@ InferenceTestId = Annotated[str, name_path("Inference test id, as returned by PO
     summary="Start an inference test",
     responses=error_responses(404, 409, 413, 422),
 )
-async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> dict:
+async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> InferenceTestOut:
     """Run the environment's own prompts and scoring on `num_steps` groups of `group_size` completions from each
     model at an OpenAI-compatible endpoint (OpenRouter by default), models concurrently, each with a time-out.
 
     Answers 202 at once with the test (status `queued`); poll `GET /inference-tests/{id}`. A 409 says what the
     server lacks to run it (INFERENCE_KEY_MISSING: the endpoint's key; TOKENIZER_UNAVAILABLE: the tokenizer).
     """
-    return await run_in_threadpool(
-        service.start_inference_test,
-        ctx,
-        body.environment,
-        body.num_steps,
-        body.group_size,
-        body.models,
-        body.base_url,
-        body.config,
-        body.timeout_s,
-    )
+    return await run_in_threadpool(service.start_inference_test, ctx, body)
 
 
 @router.get("", response_model=InferenceTestList, summary="List inference tests", responses=error_responses(422))
 async def list_inference_tests(
     ctx: Ctx,
     status: Annotated[InferenceTestStatus | None, Query(description="Only tests in this state.")] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[
-        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
-    ] = None,
-) -> dict:
+    limit: PageLimit = DEFAULT_PAGE,
+    cursor: PageCursor = None,
+) -> InferenceTestList:
     """Newest first, `limit` at a time."""
     return await run_in_threadpool(service.list_inference_tests, ctx, status, limit, cursor)
 
@@ -69,7 +57,7 @@ async def list_inference_tests(
     summary="Get an inference test",
     responses=error_responses(404, 422),
 )
-async def get_inference_test(ctx: Ctx, test_id: InferenceTestId) -> dict:
+async def get_inference_test(ctx: Ctx, test_id: InferenceTestId) -> InferenceTestOut:
     """Status (queued, running, succeeded, failed, cancelled), progress while it runs, then the result:
     `models_tested` (per model: steps, accuracy, latency, error, files) and `summary`."""
     return await run_in_threadpool(service.get_inference_test, ctx, test_id)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.names import NAME_PATTERN
 
@@ -21,7 +22,30 @@ MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,199}$"
 BASE_URL_PATTERN = r"^https?://[A-Za-z0-9._~-]+(:[0-9]{1,5})?(/[^\s]*)?$"
 
 ModelId = Annotated[str, Field(pattern=MODEL_PATTERN)]
-InferenceTestStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+def _distinct(models: list[str]) -> list[str]:
+    if len(set(models)) != len(models):
+        raise ValueError("models must not repeat a model id")
+    return models
+
+
+# The parameters an inference test shares with the agent tool rl_test_inference: each limit written here once.
+NumSteps = Annotated[int, Field(ge=1, le=MAX_NUM_STEPS, description="Groups (steps) per model.")]
+GroupSize = Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE, description="Completions per group.")]
+ModelIds = Annotated[
+    list[ModelId],
+    Field(
+        min_length=1,
+        max_length=MAX_MODELS,
+        json_schema_extra={"uniqueItems": True},
+        description="Model ids at the endpoint; each is tested on its own, concurrently.",
+    ),
+    AfterValidator(_distinct),
+]
+BaseUrl = Annotated[str, Field(max_length=2000, pattern=BASE_URL_PATTERN)]
+BASE_URL_DESCRIPTION = "OpenAI-compatible endpoint; OpenRouter (the server's default) when absent."
+InferenceTestStatus = JobStatus  # an inference test is a job
 ModelStatus = Literal["succeeded", "failed"]
 
 
@@ -29,21 +53,11 @@ class CreateInferenceTestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     environment: str = Field(pattern=NAME_PATTERN, description="Environment name, as listed by GET /environments.")
-    num_steps: int = Field(DEFAULT_NUM_STEPS, ge=1, le=MAX_NUM_STEPS, description="Groups (steps) per model.")
-    group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=MAX_GROUP_SIZE, description="Completions per group.")
-    models: list[ModelId] = Field(
-        default_factory=lambda: list(DEFAULT_MODELS),
-        min_length=1,
-        max_length=MAX_MODELS,
-        json_schema_extra={"uniqueItems": True},
-        description="Model ids at the endpoint; each is tested on its own, concurrently.",
-    )
-    base_url: str | None = Field(
-        None,
-        max_length=2000,
-        pattern=BASE_URL_PATTERN,
-        description="OpenAI-compatible endpoint; OpenRouter (the server's default) when absent. Keys come from "
-        "the server's settings only.",
+    num_steps: NumSteps = DEFAULT_NUM_STEPS
+    group_size: GroupSize = DEFAULT_GROUP_SIZE
+    models: ModelIds = Field(default_factory=lambda: list(DEFAULT_MODELS))
+    base_url: BaseUrl | None = Field(
+        None, description=f"{BASE_URL_DESCRIPTION} Keys come from the server's settings only."
     )
     config: dict[str, Any] = Field(
         default_factory=dict, description="Edits of the environment's configurable fields for this test."

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SUCCEEDED, FAILED = "succeeded", "failed"
+from service.inference_tests.schemas import InferenceTestSummary, Latency, ModelResult, StepResult
 
 
 @dataclass
@@ -40,68 +40,66 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def latency_summary(latencies: Sequence[float]) -> dict[str, Any]:
+def latency_summary(latencies: Sequence[float]) -> Latency:
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(value, 4)
 
-    return {
-        "p50_s": rounded(percentile(latencies, 50)),
-        "p95_s": rounded(percentile(latencies, 95)),
-        "mean_s": rounded(sum(latencies) / len(latencies)) if latencies else None,
-        "completions_timed": len(latencies),
-    }
+    return Latency(
+        p50_s=rounded(percentile(latencies, 50)),
+        p95_s=rounded(percentile(latencies, 95)),
+        mean_s=rounded(sum(latencies) / len(latencies)) if latencies else None,
+        completions_timed=len(latencies),
+    )
 
 
-def step_result(record: dict[str, Any]) -> dict[str, Any]:
+def step_result(record: dict[str, Any]) -> StepResult:
+    """One step as the child wrote it (free-form JSON: its `step`, `scores`, `latencies_s`), summed up."""
     scores = [float(s) for s in record.get("scores", [])]
-    return {
-        "step": record["step"],
-        "completions": len(scores),
-        "correct": sum(1 for s in scores if s > 0),
-        "scores": scores,
-    }
+    return StepResult(
+        step=record["step"], completions=len(scores), correct=sum(1 for s in scores if s > 0), scores=scores
+    )
 
 
-def model_result(outcome: ModelOutcome) -> dict[str, Any]:
+def model_result(outcome: ModelOutcome) -> ModelResult:
     steps = [step_result(record) for record in outcome.steps]
-    total = sum(s["completions"] for s in steps)
-    correct = sum(s["correct"] for s in steps)
-    with_correct = sum(1 for s in steps if s["correct"] > 0)
+    total = sum(s.completions for s in steps)
+    correct = sum(s.correct for s in steps)
+    with_correct = sum(1 for s in steps if s.correct > 0)
     latencies = [float(x) for record in outcome.steps for x in record.get("latencies_s", [])]
     error = outcome.error
     if error is None and total == 0:
         error = "no completion was scored: the environment produced no group"
-    return {
-        "model": outcome.model,
-        "status": FAILED if error else SUCCEEDED,
-        "steps": steps,
-        "steps_tested": len(steps),
-        "total_completions": total,
-        "correct_completions": correct,
-        "accuracy": _ratio(correct, total),
-        "steps_with_correct": with_correct,
-        "step_success_rate": _ratio(with_correct, len(steps)),
-        "latency": latency_summary(latencies),
-        "error": error,
-        "wall_time_s": round(outcome.wall_time_s, 3),
-        "files": outcome.files,
-    }
+    return ModelResult(
+        model=outcome.model,
+        status="failed" if error else "succeeded",
+        steps=steps,
+        steps_tested=len(steps),
+        total_completions=total,
+        correct_completions=correct,
+        accuracy=_ratio(correct, total),
+        steps_with_correct=with_correct,
+        step_success_rate=_ratio(with_correct, len(steps)),
+        latency=latency_summary(latencies),
+        error=error,
+        wall_time_s=round(outcome.wall_time_s, 3),
+        files=outcome.files,
+    )
 
 
-def summarize(results: Iterable[dict[str, Any]], steps_requested: int, output_directory: str) -> dict[str, Any]:
+def summarize(results: Iterable[ModelResult], steps_requested: int, output_directory: str) -> InferenceTestSummary:
     """The verdict: the environment works when at least one model's completions were all produced and scored."""
     results = list(results)
-    succeeded = [r for r in results if r["status"] == SUCCEEDED]
-    best = max(succeeded, key=lambda r: r["accuracy"], default=None)  # the first of equals, in request order
-    return {
-        "steps_requested": steps_requested,
-        "models_tested": len(results),
-        "models_succeeded": len(succeeded),
-        "best_model": best["model"] if best else None,
-        "avg_accuracy": round(sum(r["accuracy"] for r in succeeded) / len(succeeded), 4) if succeeded else None,
-        "environment_working": bool(succeeded),
-        "output_directory": output_directory,
-    }
+    succeeded = [r for r in results if r.status == "succeeded"]
+    best = max(succeeded, key=lambda r: r.accuracy, default=None)  # the first of equals, in request order
+    return InferenceTestSummary(
+        steps_requested=steps_requested,
+        models_tested=len(results),
+        models_succeeded=len(succeeded),
+        best_model=best.model if best else None,
+        avg_accuracy=round(sum(r.accuracy for r in succeeded) / len(succeeded), 4) if succeeded else None,
+        environment_working=bool(succeeded),
+        output_directory=output_directory,
+    )
 
 
 def progress_done(steps_done: dict[str, int], ended: set[str], steps_requested: int) -> int:

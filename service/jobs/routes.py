@@ -9,9 +9,10 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import Ctx
 from service.jobs import service
-from service.jobs.schemas import JobList, JobOut, JobStatus
+from service.jobs.runner import JobStatus
+from service.jobs.schemas import JobList, JobOut
 from service.names import name_path
-from service.pagination import CURSOR_PATTERN
+from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401))
@@ -23,17 +24,15 @@ async def list_jobs(
     ctx: Ctx,
     kind: Annotated[str | None, Query(max_length=32, description="Only jobs of this kind.")] = None,
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[
-        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
-    ] = None,
-) -> dict:
+    limit: PageLimit = DEFAULT_PAGE,
+    cursor: PageCursor = None,
+) -> JobList:
     """Newest first."""
     return await run_in_threadpool(service.list_jobs, ctx, kind, status, limit, cursor)
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job", responses=error_responses(404, 422))
-async def get_job(ctx: Ctx, job_id: JobId) -> dict:
+async def get_job(ctx: Ctx, job_id: JobId) -> JobOut:
     """Status (queued, running, succeeded, failed, cancelled), progress {done, total}, result or error."""
     return await run_in_threadpool(service.get_job, ctx, job_id)
 
@@ -41,6 +40,6 @@ async def get_job(ctx: Ctx, job_id: JobId) -> dict:
 @router.post(
     "/{job_id}/cancel", response_model=JobOut, summary="Cancel a job", responses=error_responses(404, 409, 422)
 )
-async def cancel_job(ctx: Ctx, job_id: JobId) -> dict:
+async def cancel_job(ctx: Ctx, job_id: JobId) -> JobOut:
     """A queued job ends at once; a running one stops at its next checkpoint. An ended job is a 409."""
     return await run_in_threadpool(service.cancel_job, ctx, job_id)

@@ -15,8 +15,10 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import select, update
 
 from service.db.models import Job
@@ -24,9 +26,17 @@ from service.db.types import utcnow
 
 logger = logging.getLogger("rlctl.jobs")
 
-QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
-ALL_STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
 PROGRESS_WRITE_INTERVAL_S = 0.5
 
 
@@ -41,7 +51,8 @@ class JobFailed(Exception):
 @dataclass(frozen=True)
 class JobKind:
     name: str
-    handler: Callable[[Any, JobHandle], dict[str, Any]]  # (AppContext, handle) -> result
+    # (AppContext, handle) -> result: a model, or free-form JSON; stored as JSON with the job.
+    handler: Callable[[Any, JobHandle], BaseModel | dict[str, Any]]
     resumable: bool = False
 
 
@@ -117,7 +128,7 @@ class JobRunner:
                 Job(
                     id=job_id,
                     kind=kind,
-                    status=QUEUED,
+                    status=JobStatus.QUEUED,
                     params=params,
                     progress_total=total,
                     owner_id=self.replica_id,
@@ -132,11 +143,11 @@ class JobRunner:
         with self.db.session() as session:
             cancelled_queued = session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.status == QUEUED)
-                .values(status=CANCELLED, finished_at=utcnow(), cancel_requested=True)
+                .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+                .values(status=JobStatus.CANCELLED, finished_at=utcnow(), cancel_requested=True)
             ).rowcount
             requested = session.execute(
-                update(Job).where(Job.id == job_id, Job.status == RUNNING).values(cancel_requested=True)
+                update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True)
             ).rowcount
         with self._lock:
             handle = self._handles.get(job_id)
@@ -162,8 +173,8 @@ class JobRunner:
         with self.db.session() as session:
             started = session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.status == QUEUED)
-                .values(status=RUNNING, started_at=utcnow(), heartbeat_at=utcnow())
+                .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+                .values(status=JobStatus.RUNNING, started_at=utcnow(), heartbeat_at=utcnow())
             ).rowcount
             job = session.get(Job, job_id)
             kind, params = (job.kind, dict(job.params)) if job else (None, {})
@@ -175,14 +186,15 @@ class JobRunner:
         try:
             result = self._kinds[kind].handler(self.ctx, handle)
         except JobCancelled:
-            self._finish(job_id, CANCELLED, error="cancelled on request")
+            self._finish(job_id, JobStatus.CANCELLED, error="cancelled on request")
         except JobFailed as exc:
-            self._finish(job_id, FAILED, error=self.ctx.scrub(str(exc)))
+            self._finish(job_id, JobStatus.FAILED, error=self.ctx.scrub(str(exc)))
         except Exception as exc:  # noqa: BLE001 - a job's failure is its result, not the service's
             logger.exception("job %s (%s) failed", job_id, kind)
-            self._finish(job_id, FAILED, error=self.ctx.scrub(f"{type(exc).__name__}: {exc}"))
+            self._finish(job_id, JobStatus.FAILED, error=self.ctx.scrub(f"{type(exc).__name__}: {exc}"))
         else:
-            self._finish(job_id, SUCCEEDED, result=result)
+            stored = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+            self._finish(job_id, JobStatus.SUCCEEDED, result=stored)
         finally:
             with self._lock:
                 self._handles.pop(job_id, None)
@@ -191,33 +203,33 @@ class JobRunner:
         with self.db.session() as session:
             return not session.scalar(select(Job.cancel_requested).where(Job.id == job_id))
 
-    def _finish(self, job_id: str, status: str, result: dict[str, Any] | None = None, error: str | None = None) -> None:
-        if status == CANCELLED and self._interrupted_by_shutdown(job_id):
+    def _finish(
+        self, job_id: str, status: JobStatus, result: dict[str, Any] | None = None, error: str | None = None
+    ) -> None:
+        if status == JobStatus.CANCELLED and self._interrupted_by_shutdown(job_id):
             return  # stopped by the service closing, not by a user: recovery decides
         with self.db.session() as session:
             session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.status == RUNNING)
+                .where(Job.id == job_id, Job.status == JobStatus.RUNNING)
                 .values(status=status, result=result, error=error, finished_at=utcnow())
             )
 
     def _recover(self) -> None:
         with self.db.session() as session:
-            jobs = session.scalars(
-                select(Job).where(Job.status.in_((QUEUED, RUNNING)), Job.owner_id == self.replica_id)
-            ).all()
+            jobs = session.scalars(select(Job).where(Job.status.in_(UNFINISHED), Job.owner_id == self.replica_id)).all()
             pending = [(j.id, j.kind, j.status) for j in jobs]
         for job_id, kind, status in pending:
             job_kind = self._kinds.get(kind)
-            if job_kind is not None and (status == QUEUED or job_kind.resumable):
+            if job_kind is not None and (status == JobStatus.QUEUED or job_kind.resumable):
                 with self.db.session() as session:
-                    session.execute(update(Job).where(Job.id == job_id).values(status=QUEUED))
-                self._enqueue(job_id, resumed=status == RUNNING)
+                    session.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.QUEUED))
+                self._enqueue(job_id, resumed=status == JobStatus.RUNNING)
                 continue
             reason = "the service restarted while this job ran; it cannot resume: submit it again"
             with self.db.session() as session:
                 session.execute(
                     update(Job)
-                    .where(Job.id == job_id, Job.status.in_((QUEUED, RUNNING)))
-                    .values(status=FAILED, error=reason, finished_at=utcnow())
+                    .where(Job.id == job_id, Job.status.in_(UNFINISHED))
+                    .values(status=JobStatus.FAILED, error=reason, finished_at=utcnow())
                 )

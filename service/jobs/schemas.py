@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+from service.jobs.runner import JobStatus
 
 
 class JobProgress(BaseModel):

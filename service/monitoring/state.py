@@ -14,13 +14,12 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import Job, Run, RunProcess, StatusCheck
-from service.jobs.runner import ALL_STATES as JOB_STATES
-from service.runs.lifecycle import ACTIVE
-from service.runs.lifecycle import ALL_STATES as RUN_STATES
+from service.jobs.runner import JobStatus
+from service.runs.lifecycle import ACTIVE, ProcessStatus, RunStatus
 
 logger = logging.getLogger("rlctl.monitoring")
 PROCESS_ROLES = ("api", "trainer", "env")
-PROCESS_STATES = ("pending", "running", "exited")
+PROCESS_STATES = (ProcessStatus.PENDING, ProcessStatus.RUNNING, ProcessStatus.EXITED)  # as recorded
 
 
 class DatabaseStateCollector(Collector):
@@ -45,7 +44,7 @@ class DatabaseStateCollector(Collector):
 def _state_metrics(session: Session) -> Iterator[Metric]:
     runs = GaugeMetricFamily("rlctl_runs", "Runs by state (all replicas).", labels=["status"])
     counts = dict(session.execute(select(Run.status, func.count()).group_by(Run.status)).all())
-    for status in sorted(set(RUN_STATES) | set(counts)):
+    for status in sorted(set(RunStatus) | set(counts)):
         runs.add_metric([status], counts.get(status, 0))
     yield runs
 
@@ -69,7 +68,7 @@ def _state_metrics(session: Session) -> Iterator[Metric]:
     rows = session.execute(select(Job.kind, Job.status, func.count()).group_by(Job.kind, Job.status)).all()
     job_counts = {(kind, status): count for kind, status, count in rows}
     for kind in sorted({kind for kind, _ in job_counts}):
-        for status in sorted(set(JOB_STATES) | {s for k, s in job_counts if k == kind}):
+        for status in sorted(set(JobStatus) | {s for k, s in job_counts if k == kind}):
             jobs.add_metric([kind, status], job_counts.get((kind, status), 0))
     yield jobs
 

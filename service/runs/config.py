@@ -17,10 +17,8 @@ from service.environments.catalog import ConfigSchema, FieldSchema
 from service.errors import FieldLocked, UnknownField, ValidationFailed
 from service.settings import Backend, Settings
 
-BACKENDS: tuple[Backend, ...] = ("tinker", "local")
+BACKENDS: tuple[Backend, ...] = tuple(Backend)
 DEFAULT_WANDB_PROJECT = "atropos-tinker"
-DEFAULT_GROUP_SIZE = 16
-DEFAULT_BATCH_SIZE = 128
 # Sizes rlctl chooses when an environment's config_init() leaves them at Atropos's class defaults.
 SIZE_FIELDS = ("group_size", "batch_size")
 PLACEHOLDER_URL = "http://127.0.0.1:{port allocated per run}"
@@ -78,41 +76,23 @@ class RunPlacement:
 
 
 def locked_values(settings: Settings, backend: Backend) -> dict[str, Any]:
-    values = {
-        "tokenizer_name": settings.tokenizer_name,
+    chosen = settings.backend_values(backend)
+    return {
+        "tokenizer_name": chosen.base_model,
         "rollout_server_url": PLACEHOLDER_URL,
-        "max_token_length": settings.max_token_length,
+        "max_token_length": chosen.max_token_length,
         "max_num_workers": settings.max_num_workers,
         "worker_timeout": settings.worker_timeout,
-        "total_steps": settings.total_steps,
-        "steps_per_eval": settings.steps_per_eval,
+        "total_steps": chosen.total_steps,
+        "steps_per_eval": chosen.steps_per_eval,
         "max_batches_offpolicy": settings.max_batches_offpolicy,
         "inference_weight": settings.inference_weight,
         "eval_limit_ratio": settings.eval_limit_ratio,
-        "lora_rank": settings.lora_rank,
-        "learning_rate": settings.learning_rate,
-        "max_token_trainer_length": settings.max_token_trainer_length,
-        "save_checkpoint_interval": settings.save_checkpoint_interval,
+        "lora_rank": chosen.lora_rank,
+        "learning_rate": chosen.learning_rate,
+        "max_token_trainer_length": chosen.max_token_trainer_length,
+        "save_checkpoint_interval": chosen.save_checkpoint_interval,
     }
-    if backend == "local":
-        values.update(
-            tokenizer_name=settings.local_base_model or str(settings.tiny_model_dir),
-            max_token_length=settings.local_max_token_length,
-            total_steps=settings.local_total_steps,
-            steps_per_eval=settings.local_steps_per_eval,
-            lora_rank=settings.local_lora_rank,
-            learning_rate=settings.local_learning_rate,
-            max_token_trainer_length=settings.local_max_token_trainer_length,
-            save_checkpoint_interval=settings.local_save_checkpoint_interval,
-        )
-    return values
-
-
-def locked_fields(settings: Settings, backend: Backend) -> list[dict[str, Any]]:
-    values = locked_values(settings, backend)
-    return [
-        {"name": f.name, "type": f.type, "value": values[f.name], "description": f.description} for f in LOCKED_FIELDS
-    ]
 
 
 def configurable_fields(
@@ -122,9 +102,9 @@ def configurable_fields(
         ConfigurableField(
             "backend",
             "Literal['tinker', 'local']",
-            settings.effective_default_backend,
+            settings.effective_default_backend.value,
             "Training backend: the Tinker service, or torch + peft on this machine.",
-            {"enum": list(BACKENDS)},
+            {"enum": [b.value for b in BACKENDS]},
         ),
         ConfigurableField("wandb_project", "str", DEFAULT_WANDB_PROJECT, "W&B project of the run.", {"type": "string"}),
     ]
@@ -189,7 +169,7 @@ def build_run_config(
     wandb_enabled: bool = False,
 ) -> dict[str, Any]:
     """The merged config: config_init() values < caller's edits < locked values, in the YAML's sections."""
-    backend: Backend = edits.get("backend") or settings.effective_default_backend
+    backend = Backend(edits.get("backend") or settings.effective_default_backend)
     fields = configurable_fields(env_name, schema, settings, backend)
     values = effective_values(edits, fields)
     locked = locked_values(settings, backend)
@@ -222,7 +202,7 @@ def build_run_config(
             }
         ],
         "tinker": {
-            "backend": backend,
+            "backend": backend.value,
             "base_model": locked["tokenizer_name"],
             "lora_rank": locked["lora_rank"],
             "learning_rate": locked["learning_rate"],
@@ -256,9 +236,8 @@ def _default_for(field: FieldSchema, settings: Settings, backend: Backend) -> An
     if field.name == "wandb_name":
         return None  # auto: {env}-{YYYYmmdd-HHMMSS}, the name the trainer logs under
     if field.name in SIZE_FIELDS and not field.set_by_init:
-        if backend == "local":
-            return settings.local_group_size if field.name == "group_size" else settings.local_batch_size
-        return DEFAULT_GROUP_SIZE if field.name == "group_size" else DEFAULT_BATCH_SIZE
+        chosen = settings.backend_values(backend)
+        return chosen.group_size if field.name == "group_size" else chosen.batch_size
     return field.default
 
 

@@ -7,21 +7,42 @@ transition leaves them, whoever asks and whenever.
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from service.db.models import Run
+from service.db.rows import changed_rows
 from service.db.types import utcnow
 
-PENDING, STARTING, RUNNING, STOPPING = "pending", "starting", "running", "stopping"
-STOPPED, COMPLETED, FAILED = "stopped", "completed", "failed"
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class ProcessStatus(StrEnum):
+    """A supervised process as recorded (pending, running, exited) or as seen live (unknown: liveness unreadable)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+PENDING, STARTING, RUNNING, STOPPING = RunStatus.PENDING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING
+STOPPED, COMPLETED, FAILED = RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED
 TERMINAL = frozenset({STOPPED, COMPLETED, FAILED})
 ACTIVE = frozenset({PENDING, STARTING, RUNNING, STOPPING})
-ALL_STATES = (PENDING, STARTING, RUNNING, STOPPING, STOPPED, COMPLETED, FAILED)
 
-ALLOWED: dict[str, frozenset[str]] = {
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     STARTING: frozenset({PENDING}),
     RUNNING: frozenset({STARTING}),
     STOPPING: frozenset({PENDING, STARTING, RUNNING}),
@@ -31,7 +52,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 
-def transition(session: Session, run_id: str, to: str, **fields: Any) -> bool:
+def transition(session: Session, run_id: str, to: RunStatus, **fields: Any) -> bool:
     """Move the run to `to` if its current state allows it; False (nothing changed) otherwise."""
     now = utcnow()
     values: dict[str, Any] = {"status": to, "updated_at": now, **fields}
@@ -39,8 +60,7 @@ def transition(session: Session, run_id: str, to: str, **fields: Any) -> bool:
         values.setdefault("started_at", now)
     if to in TERMINAL:
         values.setdefault("ended_at", now)
-    result = session.execute(update(Run).where(Run.id == run_id, Run.status.in_(ALLOWED[to])).values(**values))
-    return result.rowcount == 1
+    return changed_rows(session, update(Run).where(Run.id == run_id, Run.status.in_(ALLOWED[to])).values(**values)) == 1
 
 
 def running_seconds(run: Run, now: datetime) -> float:

@@ -20,8 +20,9 @@ from service.db.types import utcnow
 from service.errors import Conflict
 from service.runs import lifecycle, metrics
 from service.runs.launch import Ports, process_specs
+from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.runs.paths import RunPaths
-from supervisor.process import ExitStatus, Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
+from supervisor.process import ExitStatus, Liveness, ProcessIdentity, ProcessSpec, SupervisedProcess, identity_liveness
 from supervisor.run import START_ORDER, TRAINER, Failure, Outcome, RunPlan, RunSupervisor
 from trainer.tiny_model import init_tiny_model
 
@@ -92,7 +93,7 @@ class RunManager:
             if run.status == lifecycle.PENDING and lifecycle.transition(session, run_id, lifecycle.STOPPED):
                 return lifecycle.STOPPED
             moved = lifecycle.transition(session, run_id, lifecycle.STOPPING)
-            status = lifecycle.STOPPING if moved else session.get(Run, run_id).status  # type: ignore[union-attr]
+            status = lifecycle.STOPPING if moved else session.get_one(Run, run_id).status
         with self._lock:
             supervisor = self._supervisors.get(run_id)
         if supervisor is not None:
@@ -132,7 +133,7 @@ class RunManager:
             if pid is None or start_time is None:
                 continue
             identity = ProcessIdentity(pid, pgid or pid, start_time)
-            exited = ExitStatus(exit_code, exit_signal) if row_status == "exited" else None
+            exited = ExitStatus(exit_code, exit_signal) if row_status == ProcessStatus.EXITED else None
             if exited is None and identity_liveness(identity) is Liveness.UNKNOWN:
                 logger.warning("run %s: cannot tell whether %s (pid %s) lives; changing nothing", run_id, role, pid)
                 return
@@ -194,7 +195,7 @@ class RunManager:
 
     # --- plans ---
 
-    def _plan(self, run_id: str, paths: RunPaths, specs: list, events: _PersistingEvents) -> RunPlan:  # type: ignore[type-arg]
+    def _plan(self, run_id: str, paths: RunPaths, specs: list[ProcessSpec], events: _PersistingEvents) -> RunPlan:
         settings = self.ctx.settings
         return RunPlan(
             run_id=run_id,
@@ -213,7 +214,11 @@ class RunManager:
         settings = self.ctx.settings
         if backend != "local" or settings.local_base_model:
             return None
-        return lambda: init_tiny_model(settings.tiny_model_dir)
+
+        def prepare() -> None:
+            init_tiny_model(settings.tiny_model_dir)
+
+        return prepare
 
     def _fail_before_start(self, run_id: str, message: str) -> None:
         failure = Failure("startup_error", self.ctx.scrub(message)).to_dict()
@@ -255,7 +260,7 @@ class _PersistingEvents:
                 session.add(row)
             row.pid, row.pgid = process.identity.pid, process.identity.pgid
             row.start_time, row.log_path = process.identity.start_time, str(process.log_path)
-            row.status, row.started_at = "running", utcnow()
+            row.status, row.started_at = ProcessStatus.RUNNING, utcnow()
 
     def running(self) -> None:
         with self.db.session() as session:
@@ -267,7 +272,7 @@ class _PersistingEvents:
                 update(RunProcess)
                 .where(RunProcess.run_id == self.run_id, RunProcess.role == process.role)
                 .values(
-                    status="exited",
+                    status=ProcessStatus.EXITED,
                     exit_code=status.code if status else None,
                     signal=status.signal if status else None,
                     ended_at=utcnow(),
@@ -290,7 +295,7 @@ class _PersistingEvents:
         self._sync()
         failure = outcome.failure.to_dict() if outcome.failure else None
         with self.db.session() as session:
-            lifecycle.transition(session, self.run_id, outcome.status, failure=failure, stalled=False)
+            lifecycle.transition(session, self.run_id, RunStatus(outcome.status), failure=failure, stalled=False)
         self.manager.forget(self.run_id)
 
     def _sync(self) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import StatusCheck
+from service.db.rows import changed_rows
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,12 @@ class Allowance:
 
 def acquire(session: Session, run_id: str, now: datetime, interval_s: float) -> Allowance:
     threshold = now - timedelta(seconds=interval_s)
-    won = session.execute(
+    won = changed_rows(
+        session,
         update(StatusCheck)
         .where(StatusCheck.run_id == run_id, StatusCheck.checked_at <= threshold)
-        .values(checked_at=now, checks_allowed=StatusCheck.checks_allowed + 1)
-    ).rowcount
+        .values(checked_at=now, checks_allowed=StatusCheck.checks_allowed + 1),
+    )
     if won == 1:
         return Allowance(True, now, 0.0, None)
     if session.get(StatusCheck, run_id) is None and _insert_first_check(session, run_id, now):
@@ -60,3 +62,19 @@ def _insert_first_check(session: Session, run_id: str, now: datetime) -> bool:
     except IntegrityError:
         return False  # a concurrent first check won
     return True
+
+
+def describe_interval(seconds: float) -> str:
+    """The interval as agents and people read it: "30 minutes", "1 minute", "90 seconds"."""
+    if seconds >= 60 and seconds % 60 == 0:
+        minutes = int(seconds // 60)
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds:g} second{'s' if seconds != 1 else ''}"
+
+
+def status_rule(interval_s: float) -> str:
+    """The rule as the agent tools state it, with the configured interval."""
+    return (
+        f"Live status checks are limited to one per run every {describe_interval(interval_s)}: a check sooner "
+        "returns rate_limited with next_check_in_seconds, so wait that long instead of polling."
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -13,8 +14,9 @@ from starlette.concurrency import run_in_threadpool
 from service.context import AppContext
 from service.deps import Ctx
 from service.names import name_path
-from service.pagination import CURSOR_PATTERN
+from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.runs import service
+from service.runs.lifecycle import RunStatus
 from service.runs.schemas import (
     CreateRunRequest,
     ProcessRole,
@@ -23,10 +25,9 @@ from service.runs.schemas import (
     RunMetrics,
     RunOut,
     RunResults,
-    RunStatus,
     RunStatusOut,
 )
-from service.schemas import error_responses, json_error_responses
+from service.schemas import error_responses, json_error_responses, response
 
 router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401))
 # Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.
@@ -42,16 +43,14 @@ FOLLOW_POLL_S = 0.25
     summary="Start a training run",
     responses=error_responses(404, 409, 413, 422),
 )
-async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> dict:
+async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> RunOut:
     """Validate the config, record the run, then start its three processes (API, trainer, environment).
 
     The response comes at once with status `pending` or `starting`; poll `GET /runs/{id}`. With an
     `idempotency_key`, a retried request gets the run the first one created (header `Idempotent-Replayed: true`)
     instead of a new one.
     """
-    run, created = await run_in_threadpool(
-        service.create_run, ctx, ctx.runs, body.environment, body.config, body.backend, body.idempotency_key
-    )
+    run, created = await run_in_threadpool(service.create_run, ctx, ctx.runs, body)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return run
@@ -62,17 +61,15 @@ async def list_runs(
     ctx: Ctx,
     status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
     environment: Annotated[str | None, Query(max_length=128, description="Only runs of this environment.")] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[
-        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
-    ] = None,
-) -> dict:
+    limit: PageLimit = DEFAULT_PAGE,
+    cursor: PageCursor = None,
+) -> RunList:
     """Newest first, `limit` at a time."""
     return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor)
 
 
 @router.get("/{run_id}", response_model=RunOut, summary="Get a run's record", responses=error_responses(404, 422))
-async def get_run(ctx: Ctx, run_id: RunId) -> dict:
+async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
     return await run_in_threadpool(service.get_run, ctx, run_id)
 
@@ -81,10 +78,9 @@ async def get_run(ctx: Ctx, run_id: RunId) -> dict:
     "/{run_id}/status",
     response_model=RunStatusOut,
     summary="Check a run live (rate limited)",
-    responses={429: {"model": RateLimitedBody, "description": "Checked too recently; see Retry-After"}}
-    | error_responses(404, 422),
+    responses=response(429, "Checked too recently; see Retry-After", model=RateLimitedBody) | error_responses(404, 422),
 )
-async def check_run_status(ctx: Ctx, run_id: RunId) -> dict:
+async def check_run_status(ctx: Ctx, run_id: RunId) -> RunStatusOut:
     """Processes, running time and latest metrics, looked at now. One check per run per
     `RLCTL_STATUS_CHECK_INTERVAL_S` (30 minutes by default): a check within the interval answers 429 with
     `Retry-After`, `next_check_in_seconds` and the last snapshot. An unknown id is 404 and uses nothing."""
@@ -101,7 +97,7 @@ async def stop_run(
     ctx: Ctx,
     run_id: RunId,
     wait_s: Annotated[float, Query(ge=0, le=600, description="Wait up to this long for the run to end.")] = 0,
-) -> dict:
+) -> RunOut:
     """Environment, then trainer, then API: SIGTERM to each process group, SIGKILL after the grace period.
     A run still starting stops starting. A run that has already ended is a 409 INVALID_STATE."""
     return await run_in_threadpool(service.stop_run, ctx, ctx.runs, run_id, wait_s)
@@ -110,7 +106,7 @@ async def stop_run(
 @router.get(
     "/{run_id}/results", response_model=RunResults, summary="Get a run's results", responses=error_responses(404, 422)
 )
-async def get_run_results(ctx: Ctx, run_id: RunId) -> dict:
+async def get_run_results(ctx: Ctx, run_id: RunId) -> RunResults:
     """Final metrics, metric history, checkpoints and the trained weights (local directory or tinker:// URI)."""
     return await run_in_threadpool(service.get_results, ctx, run_id)
 
@@ -124,7 +120,7 @@ async def get_run_metrics(
     name: Annotated[list[str] | None, Query(description="Metric names, e.g. reward/mean; all when absent.")] = None,
     min_step: Annotated[int | None, Query(ge=0)] = None,
     max_step: Annotated[int | None, Query(ge=0)] = None,
-) -> dict:
+) -> RunMetrics:
     """`{"metrics": {"reward/mean": [[step, value], ...], ...}}`."""
     return await run_in_threadpool(service.get_metrics, ctx, run_id, name, min_step, max_step)
 
@@ -133,7 +129,7 @@ async def get_run_metrics(
     "/{run_id}/logs/{process}",
     response_class=PlainTextResponse,
     summary="Read or follow a process's log",
-    responses={200: {"description": "Log lines"}} | json_error_responses(401, 404, 422),
+    responses=response(200, "Log lines") | json_error_responses(401, 404, 422),
 )
 async def get_run_log(
     ctx: Ctx,
@@ -169,7 +165,7 @@ async def _follow(ctx: AppContext, request: Request, run_id: str, role: str, fir
         yield ctx.scrub(pending.decode("utf-8", errors="replace"))
 
 
-def _read_from(path, offset: int) -> tuple[bytes, int]:  # type: ignore[no-untyped-def]
+def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
     try:
         with path.open("rb") as handle:
             handle.seek(offset)

@@ -8,10 +8,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.names import NAME_PATTERN
+from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.schemas import ErrorBody
 from service.settings import Backend
 
-RunStatus = Literal["pending", "starting", "running", "stopping", "stopped", "completed", "failed"]
 ProcessRole = Literal["api", "trainer", "env"]
 
 
@@ -42,7 +42,7 @@ class Failure(BaseModel):
 class ProcessOut(BaseModel):
     role: str
     pid: int | None
-    status: str
+    status: ProcessStatus
     exit_code: int | None
     signal: int | None
     log_path: str | None
@@ -94,16 +94,16 @@ class HeadlineMetrics(BaseModel):
 class LiveProcess(BaseModel):
     role: str
     pid: int | None
-    status: str = Field(description="running, exited or unknown")
+    status: ProcessStatus = Field(description="running, exited or unknown (pending before it was started)")
     exit_code: int | None
     signal: int | None
     log_path: str | None
 
 
-class RunStatusOut(RunSummary):
+class RunSnapshot(RunSummary):
+    """What a live check saw; kept, and shown again to a check that comes too soon."""
+
     run_id: str
-    rate_limited: Literal[False]
-    next_check_in_seconds: float
     checked_at: datetime
     processes: list[LiveProcess]
     running_time_seconds: float
@@ -115,6 +115,11 @@ class RunStatusOut(RunSummary):
     wandb_url: str | None
     failure: Failure | None
     logs: dict[str, str]
+
+
+class RunStatusOut(RunSnapshot):
+    rate_limited: Literal[False]
+    next_check_in_seconds: float
 
 
 class RateLimitedBody(ErrorBody):

@@ -9,26 +9,45 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi.encoders import jsonable_encoder
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from service.context import AppContext
-from service.db.models import Run
+from service.db.models import Run, RunProcess
+from service.db.rows import load_row
 from service.db.types import utcnow
 from service.environments import service as environments
 from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
-from service.names import validate_name
 from service.pagination import newest_first_page
 from service.runs import config as run_config
 from service.runs import lifecycle, metrics, ratelimit
 from service.runs.launch import Ports
+from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.runs.manager import RunManager
 from service.runs.paths import ROLES, RunPaths
+from service.runs.schemas import (
+    CreateRunRequest,
+    HeadlineMetrics,
+    LiveProcess,
+    ProcessOut,
+    RunList,
+    RunMetrics,
+    RunOut,
+    RunResults,
+    RunSnapshot,
+    RunStatusOut,
+    RunSummary,
+)
+from service.settings import Backend
 from supervisor.ports import free_ports
 from supervisor.process import Liveness, ProcessIdentity, identity_liveness
 from supervisor.run import read_tail
 
+LIVE_STATUS = {
+    Liveness.ALIVE: ProcessStatus.RUNNING,
+    Liveness.DEAD: ProcessStatus.EXITED,
+    Liveness.UNKNOWN: ProcessStatus.UNKNOWN,
+}
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -40,18 +59,16 @@ HEADLINE_METRICS = {
 # --- create ---
 
 
-def create_run(
-    ctx: AppContext,
-    manager: RunManager,
-    environment: str,
-    edits: dict[str, Any],
-    backend: str | None = None,
-    idempotency_key: str | None = None,
-) -> tuple[dict[str, Any], bool]:
+def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) -> tuple[RunOut, bool]:
     """Validate, record (before anything is spawned), then launch. Returns (run, created)."""
+    environment, edits, backend, idempotency_key = (
+        request.environment,
+        request.config,
+        request.backend,
+        request.idempotency_key,
+    )
     request_hash = _request_hash(environment, edits, backend)
     if idempotency_key is not None:
-        _validate_idempotency_key(idempotency_key)
         existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash)
         if existing is not None:
             return existing, False
@@ -59,7 +76,7 @@ def create_run(
     require_backend(ctx, chosen)
     env = ctx.catalog.get(environment)
     schema = ctx.catalog.config_schema(env)
-    edits = {**edits, "backend": chosen}
+    edits = {**edits, "backend": chosen.value}
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
     run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, chosen))
 
@@ -112,17 +129,13 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _request_hash(environment: str, edits: dict[str, Any], backend: str | None) -> str:
-    canonical = json.dumps({"environment": environment, "config": edits, "backend": backend}, sort_keys=True)
+def _request_hash(environment: str, edits: dict[str, Any], backend: Backend | None) -> str:
+    chosen = backend.value if backend else None
+    canonical = json.dumps({"environment": environment, "config": edits, "backend": chosen}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _validate_idempotency_key(key: str) -> None:
-    if not 1 <= len(key) <= 200 or any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ValidationFailed("idempotency_key must be 1 to 200 printable characters", {"field": "idempotency_key"})
-
-
-def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> dict[str, Any] | None:
+def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> RunOut | None:
     with ctx.db.session() as session:
         run = session.scalars(select(Run).where(Run.idempotency_key == key)).one_or_none()
         if run is None:
@@ -138,20 +151,18 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> dic
 # --- read ---
 
 
-def get_run(ctx: AppContext, run_id: str) -> dict[str, Any]:
+def get_run(ctx: AppContext, run_id: str) -> RunOut:
     with ctx.db.session() as session:
-        return run_record(ctx, _load(session, run_id))
+        return run_record(ctx, load_row(session, Run, run_id, RunNotFound))
 
 
 def list_runs(
     ctx: AppContext,
-    status: str | None = None,
+    status: RunStatus | None = None,
     environment: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
-) -> dict[str, Any]:
-    if status is not None and status not in lifecycle.ALL_STATES:
-        raise ValidationFailed(f"unknown status {status!r}", {"field": "status", "available": lifecycle.ALL_STATES})
+) -> RunList:
     query = select(Run)
     if status:
         query = query.where(Run.status == status)
@@ -159,18 +170,14 @@ def list_runs(
         query = query.where(Run.environment == environment)
     with ctx.db.session() as session:
         records, next_cursor = newest_first_page(session, query, Run, limit, cursor, run_summary)
-    return {"runs": records, "count": len(records), "next_cursor": next_cursor}
+    return RunList(runs=records, count=len(records), next_cursor=next_cursor)
 
 
-def _load(session: Any, run_id: str) -> Run:
-    validate_name(run_id, "run id")
-    run = session.get(Run, run_id)
-    if run is None:
-        raise RunNotFound(f"no run with id {run_id!r}", {"run_id": run_id})
-    return run
+def run_summary(run: Run) -> RunSummary:
+    return RunSummary.model_validate(_summary_fields(run))
 
 
-def run_summary(run: Run) -> dict[str, Any]:
+def _summary_fields(run: Run) -> dict[str, Any]:
     return {
         "id": run.id,
         "environment": run.environment,
@@ -186,44 +193,32 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
-def run_record(ctx: AppContext, run: Run) -> dict[str, Any]:
+def run_record(ctx: AppContext, run: Run) -> RunOut:
     paths = RunPaths(ctx.settings.data_path, run.id)
-    return {
-        **run_summary(run),
-        "config": run.config,
-        "config_path": run.config_path,
-        "wandb_project": run.wandb_project,
-        "wandb_url": run.wandb_url,
-        "failure": run.failure,
-        "weights": run.weights,
-        "ports": run.ports,
-        "updated_at": run.updated_at,
-        "logs": paths.logs(),
-        "processes": [
-            {
-                "role": p.role,
-                "pid": p.pid,
-                "status": p.status,
-                "exit_code": p.exit_code,
-                "signal": p.signal,
-                "log_path": p.log_path,
-                "started_at": p.started_at,
-                "ended_at": p.ended_at,
-            }
-            for p in run.processes
-        ],
-    }
+    return RunOut(
+        **_summary_fields(run),
+        config=run.config,
+        config_path=run.config_path,
+        wandb_project=run.wandb_project,
+        wandb_url=run.wandb_url,
+        failure=run.failure,
+        weights=run.weights,
+        ports=run.ports,
+        updated_at=run.updated_at,
+        logs=paths.logs(),
+        processes=[ProcessOut.model_validate(p, from_attributes=True) for p in run.processes],
+    )
 
 
 # --- live status (rate limited) ---
 
 
-def check_status(ctx: AppContext, run_id: str) -> dict[str, Any]:
+def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
     """The live check: limited to once per interval per run; an unknown id consumes nothing."""
     now = utcnow()
     interval = ctx.settings.status_check_interval_s
     with ctx.db.session() as session:
-        _load(session, run_id)
+        load_row(session, Run, run_id, RunNotFound)
         allowance = ratelimit.acquire(session, run_id, now, interval)
     if not allowance.allowed:
         wait = allowance.retry_after_s
@@ -241,68 +236,64 @@ def check_status(ctx: AppContext, run_id: str) -> dict[str, Any]:
         )
     snapshot = _live_snapshot(ctx, run_id, now)
     with ctx.db.session() as session:
-        ratelimit.store_snapshot(session, run_id, now, snapshot)
-    return {**snapshot, "rate_limited": False, "next_check_in_seconds": interval}
+        ratelimit.store_snapshot(session, run_id, now, snapshot.model_dump(mode="json"))
+    return RunStatusOut(**dict(snapshot), rate_limited=False, next_check_in_seconds=interval)
 
 
-def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> dict[str, Any]:
+def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> RunSnapshot:
     paths = RunPaths(ctx.settings.data_path, run_id)
     with ctx.db.session() as session:
-        run = _load(session, run_id)
+        run = load_row(session, Run, run_id, RunNotFound)
         latest = metrics.latest_values(session, run_id)
         processes = [_process_status(p) for p in run.processes]
-        record = run_summary(run)
+        record = _summary_fields(run)
         running_s = lifecycle.running_seconds(run, now)
-        extra = {
-            "wandb_project": run.wandb_project,
-            "wandb_url": run.wandb_url,
-            "failure": run.failure,
-        }
+        wandb_project, wandb_url, failure = run.wandb_project, run.wandb_url, run.failure
     state = paths.read_trainer_state() or {}
     headline = {key: latest[name][1] if name in latest else None for key, name in HEADLINE_METRICS.items()}
-    return jsonable_encoder(
-        {
-            "run_id": run_id,
-            **record,
-            **extra,
-            "checked_at": now,
-            "processes": processes,
-            "running_time_seconds": round(running_s, 1),
-            "running_time_minutes": round(running_s / 60, 2),
-            "metrics": {"step": record["last_step"], **headline},
-            "latest_metrics": {name: value for name, (_step, value) in latest.items()},
-            "trainer": {k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s")},
-            "logs": paths.logs(),
-        }
+    return RunSnapshot(
+        **record,
+        run_id=run_id,
+        wandb_project=wandb_project,
+        wandb_url=wandb_url,
+        failure=failure,
+        checked_at=now,
+        processes=processes,
+        running_time_seconds=round(running_s, 1),
+        running_time_minutes=round(running_s / 60, 2),
+        metrics=HeadlineMetrics(step=record["last_step"], **headline),
+        latest_metrics={name: value for name, (_step, value) in latest.items()},
+        trainer={k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s")},
+        logs=paths.logs(),
     )
 
 
-def _process_status(process: Any) -> dict[str, Any]:
-    status = process.status
-    if status == "running" and process.pid and process.start_time:
+def _process_status(process: RunProcess) -> LiveProcess:
+    status = ProcessStatus(process.status)
+    if status == ProcessStatus.RUNNING and process.pid and process.start_time:
         liveness = identity_liveness(ProcessIdentity(process.pid, process.pgid or process.pid, process.start_time))
-        status = {Liveness.ALIVE: "running", Liveness.DEAD: "exited", Liveness.UNKNOWN: "unknown"}[liveness]
-    return {
-        "role": process.role,
-        "pid": process.pid,
-        "status": status,
-        "exit_code": process.exit_code,
-        "signal": process.signal,
-        "log_path": process.log_path,
-    }
+        status = LIVE_STATUS[liveness]
+    return LiveProcess(
+        role=process.role,
+        pid=process.pid,
+        status=status,
+        exit_code=process.exit_code,
+        signal=process.signal,
+        log_path=process.log_path,
+    )
 
 
 # --- stop ---
 
 
-def stop_run(ctx: AppContext, manager: RunManager, run_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+def stop_run(ctx: AppContext, manager: RunManager, run_id: str, wait_s: float = 0.0) -> RunOut:
     with ctx.db.session() as session:
-        run = _load(session, run_id)
+        run = load_row(session, Run, run_id, RunNotFound)
         if run.status in lifecycle.TERMINAL:
             raise InvalidState(f"run {run_id} is already {run.status}", {"run_id": run_id, "status": run.status})
     manager.request_stop(run_id)
-    deadline = time.monotonic() + max(0.0, min(wait_s, 600.0))
-    while time.monotonic() < deadline and get_run(ctx, run_id)["status"] not in lifecycle.TERMINAL:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not is_terminal(ctx, run_id):
         time.sleep(0.2)
     return get_run(ctx, run_id)
 
@@ -310,27 +301,27 @@ def stop_run(ctx: AppContext, manager: RunManager, run_id: str, wait_s: float = 
 # --- results, metrics, logs ---
 
 
-def get_results(ctx: AppContext, run_id: str) -> dict[str, Any]:
+def get_results(ctx: AppContext, run_id: str) -> RunResults:
     paths = RunPaths(ctx.settings.data_path, run_id)
     with ctx.db.session() as session:
-        run = _load(session, run_id)
+        run = load_row(session, Run, run_id, RunNotFound)
         latest = metrics.latest_values(session, run_id)
         series = metrics.history(session, run_id)
-        record = run_summary(run)
+        record = _summary_fields(run)
         weights, failure, wandb = run.weights, run.failure, (run.wandb_project, run.wandb_url)
     state = paths.read_trainer_state() or {}
-    return {
-        "run_id": run_id,
+    return RunResults(
         **record,
-        "final_step": record["last_step"],
-        "final_metrics": {name: value for name, (_step, value) in latest.items()},
-        "history": series,
-        "checkpoints": state.get("checkpoints") or [],
-        "weights": state.get("weights") or weights,
-        "wandb_project": wandb[0],
-        "wandb_url": wandb[1],
-        "failure": failure,
-    }
+        run_id=run_id,
+        final_step=record["last_step"],
+        final_metrics={name: value for name, (_step, value) in latest.items()},
+        history=series,
+        checkpoints=state.get("checkpoints") or [],
+        weights=state.get("weights") or weights,
+        wandb_project=wandb[0],
+        wandb_url=wandb[1],
+        failure=failure,
+    )
 
 
 def get_metrics(
@@ -339,17 +330,17 @@ def get_metrics(
     names: list[str] | None = None,
     min_step: int | None = None,
     max_step: int | None = None,
-) -> dict[str, Any]:
+) -> RunMetrics:
     with ctx.db.session() as session:
-        _load(session, run_id)
-        return {"run_id": run_id, "metrics": metrics.history(session, run_id, names, min_step, max_step)}
+        load_row(session, Run, run_id, RunNotFound)
+        return RunMetrics(run_id=run_id, metrics=metrics.history(session, run_id, names, min_step, max_step))
 
 
 def log_path(ctx: AppContext, run_id: str, role: str) -> RunPaths:
     if role not in ROLES:
         raise ValidationFailed(f"unknown process {role!r}", {"field": "process", "available": list(ROLES)})
     with ctx.db.session() as session:
-        _load(session, run_id)
+        load_row(session, Run, run_id, RunNotFound)
     return RunPaths(ctx.settings.data_path, run_id)
 
 
@@ -359,4 +350,4 @@ def log_tail(ctx: AppContext, run_id: str, role: str, lines: int) -> str:
 
 
 def is_terminal(ctx: AppContext, run_id: str) -> bool:
-    return get_run(ctx, run_id)["status"] in lifecycle.TERMINAL
+    return get_run(ctx, run_id).status in lifecycle.TERMINAL

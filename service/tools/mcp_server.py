@@ -23,15 +23,21 @@ from service.auth import token_matches
 from service.context import AppContext
 from service.errors import Unauthorized
 from service.http import error_response
+from service.runs.ratelimit import describe_interval
+from service.settings import Settings
 from service.tools import service
 from service.tools.catalog import ALL_TOOLS
 from service.tools.registry import Tool, ToolNotFound
 
 INVALID_PARAMS = -32602
-INSTRUCTIONS = (
-    "rlctl trains language models with reinforcement learning. List environments, select one, look at and edit "
-    "its config, start training, then check the run's status at most once per 30 minutes per run."
-)
+
+
+def instructions(settings: Settings) -> str:
+    interval = describe_interval(settings.status_check_interval_s)
+    return (
+        "rlctl trains language models with reinforcement learning. List environments, select one, look at and edit "
+        f"its config, start training, then check the run's status at most once per {interval} per run."
+    )
 
 
 class McpEndpoint:
@@ -42,7 +48,7 @@ class McpEndpoint:
         server = Server(
             "rlctl",
             version="0.1.0",
-            instructions=INSTRUCTIONS,
+            instructions=instructions(ctx.settings),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
@@ -85,7 +91,7 @@ class McpEndpoint:
         )
 
     async def _list_tools(self, _request: Any, _params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[mcp_tool(tool) for tool in ALL_TOOLS])
+        return types.ListToolsResult(tools=[mcp_tool(tool, self.ctx.settings) for tool in ALL_TOOLS])
 
     async def _call_tool(self, request: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         http_request = getattr(request, "request", None)
@@ -103,10 +109,10 @@ class McpEndpoint:
         )
 
 
-def mcp_tool(tool: Tool) -> types.Tool:
+def mcp_tool(tool: Tool[Any], settings: Settings) -> types.Tool:
     return types.Tool(
         name=tool.name,
-        description=tool.description,
+        description=tool.describe(settings),
         input_schema=tool.input_schema,
         output_schema=tool.output_schema,
         annotations=types.ToolAnnotations(

@@ -1,32 +1,51 @@
 """Tool definitions and invocation, shared by the REST routes and the MCP server.
 
-A tool is a name, a description that tells an agent when to use it, a strict JSON schema for its arguments,
-hints for MCP clients, an output schema, and a handler that adapts one service function. Invocation never
-raises: bad arguments and service errors come back as results with an `error` field.
+A tool is a name, a description that tells an agent when to use it, its arguments model (the strict JSON schema
+an agent sees is generated from it), hints for MCP clients, its result model (the output schema), and a handler
+that adapts one service function. Invocation never raises: bad arguments and service errors come back as results
+with an `error` field.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, Generic, TypeVar
 
-import jsonschema
-from fastapi.encoders import jsonable_encoder
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from service.context import AppContext
 from service.errors import NotFound, ServiceError
+from service.runs.ratelimit import status_rule
+from service.settings import Settings
+from service.tools.schema import JsonSchema, output_schema, strict_input_schema, without_default_nulls
 from service.tools.sessions import SessionState
 
 logger = logging.getLogger("rlctl.tools")
 
 # Fields of an error's details that the reference's results carried, copied to the top level.
 ERROR_DETAIL_FIELDS = ("available", "available_fields", "locked_value", "field", "status", "run_id", "expected")
+STATUS_RULE = "{status_rule}"  # in a description: the status check rule, with the configured interval
 
 
 class ToolNotFound(NotFound):
     code = "TOOL_NOT_FOUND"
+
+
+class ToolArguments(BaseModel):
+    """Base of every tool's arguments: unknown arguments are refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoArguments(ToolArguments):
+    pass
+
+
+ArgumentsT = TypeVar("ArgumentsT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -38,79 +57,71 @@ class Hints:
 
 
 @dataclass(frozen=True)
-class Tool:
+class Tool(Generic[ArgumentsT]):
     name: str
-    description: str
-    parameters: dict[str, Any]  # properties of a strict object schema: every one required, nullable if optional
-    handler: Callable[[AppContext, SessionState, dict[str, Any]], dict[str, Any]]
+    description: str  # STATUS_RULE in it is replaced by the rule with the configured interval
+    arguments: type[ArgumentsT]
+    result: Any  # the result model, or a union of result models
+    handler: Callable[[AppContext, SessionState, ArgumentsT], BaseModel]
     hints: Hints = field(default_factory=Hints)
-    output: dict[str, Any] = field(default_factory=dict)  # properties of the result object
 
-    @property
-    def input_schema(self) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "properties": self.parameters,
-            "required": list(self.parameters),
-            "additionalProperties": False,
-        }
+    def describe(self, settings: Settings) -> str:
+        return self.description.replace(STATUS_RULE, status_rule(settings.status_check_interval_s))
 
-    @property
-    def output_schema(self) -> dict[str, Any]:
-        # Error results share the object: nothing is required, so both shapes validate.
-        properties = {**self.output, "error": {"type": "string"}}
-        return {"type": "object", "properties": properties, "additionalProperties": True}
+    @cached_property
+    def input_schema(self) -> JsonSchema:
+        return strict_input_schema(self.arguments)
 
-    def openai_schema(self) -> dict[str, Any]:
+    @cached_property
+    def output_schema(self) -> JsonSchema:
+        return output_schema(self.result)
+
+    def openai_schema(self, settings: Settings) -> dict[str, Any]:
         return {
             "type": "function",
             "function": {
                 "name": self.name,
-                "description": self.description,
+                "description": self.describe(settings),
                 "parameters": self.input_schema,
                 "strict": True,
             },
         }
 
-
-def nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    """An optional argument in a strict schema: required, but null allowed (null means "use the default")."""
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return {**schema, "type": [kind, "null"]}
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def invoke(ctx: AppContext, tool: Tool, state: SessionState, arguments: Any) -> dict[str, Any]:
-    """Validate the arguments, run the tool, and return its result (errors included) as JSON."""
-    problem = argument_problem(tool, arguments)
-    if problem is not None:
-        return problem
-    filled = {name: arguments.get(name) for name in tool.parameters}  # absent optional arguments mean null
-    try:
-        result = tool.handler(ctx, state, filled)
-    except ServiceError as error:
-        result = error_result(error)
-    except Exception:  # noqa: BLE001 - an agent gets a result, never a 500
-        logger.exception("tool %s failed", tool.name)
-        result = {"error": "internal error while running the tool; see the service log", "code": "INTERNAL_ERROR"}
-    return jsonable_encoder(result)
+    def parse(self, arguments: Any) -> ArgumentsT:
+        """The arguments as the tool's model, validated as JSON (no coercion of strings to numbers); a null for
+        an optional argument means its default. Raises ValidationError."""
+        if isinstance(arguments, Mapping):
+            arguments = without_default_nulls(self.arguments, arguments)
+        return self.arguments.model_validate_json(json.dumps(arguments), strict=True)
 
 
-def argument_problem(tool: Tool, arguments: Any) -> dict[str, Any] | None:
+def invoke(ctx: AppContext, tool: Tool[Any], state: SessionState, arguments: Any) -> dict[str, Any]:
+    """Validate the arguments, run the tool, and return its result (errors included) as a JSON object."""
     if not isinstance(arguments, dict):
         return {"error": "arguments must be a JSON object", "code": "VALIDATION_ERROR"}
-    # Agents may leave optional (nullable) arguments out; strictness is about types and unknown names.
-    lenient = {**tool.input_schema, "required": [n for n, s in tool.parameters.items() if not _allows_null(s)]}
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(lenient).iter_errors(arguments))
-    if error is None:
-        return None
-    argument = error.path[0] if error.path else _named_in(error)
+    try:
+        parsed = tool.parse(arguments)
+    except ValidationError as error:
+        return argument_problem(tool, error)
+    try:
+        return tool.handler(ctx, state, parsed).model_dump(mode="json")
+    except ServiceError as error:
+        return error_result(error)
+    except Exception:  # noqa: BLE001 - an agent gets a result, never a 500
+        logger.exception("tool %s failed", tool.name)
+        return {"error": "internal error while running the tool; see the service log", "code": "INTERNAL_ERROR"}
+
+
+def argument_problem(tool: Tool[Any], error: ValidationError) -> dict[str, Any]:
+    first = error.errors()[0]
+    location = [str(part) for part in first["loc"]]
+    argument = location[0] if location else "arguments"
+    where = ".".join(location)
     return {
-        "error": f"argument {argument!r}: {error.message}",
+        "error": f"argument {argument!r}: {where + ': ' if len(location) > 1 else ''}{first['msg']}",
         "code": "VALIDATION_ERROR",
         "argument": argument,
-        "expected": tool.parameters.get(argument, {}) if isinstance(argument, str) else None,
+        "expected": tool.input_schema["properties"].get(argument, {}),
     }
 
 
@@ -120,18 +131,3 @@ def error_result(error: ServiceError) -> dict[str, Any]:
         if key in error.details:
             result[key] = error.details[key]
     return result
-
-
-def _allows_null(schema: dict[str, Any]) -> bool:
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return "null" in kind
-    return any(option.get("type") == "null" for option in schema.get("anyOf", []))
-
-
-def _named_in(error: jsonschema.ValidationError) -> str:
-    """The argument a top-level error is about: jsonschema quotes it first in the message of a missing
-    ("'run_id' is a required property") or an unexpected ("... ('surprise' was unexpected)") property."""
-    if error.validator in ("required", "additionalProperties") and "'" in str(error.message):
-        return str(error.message).split("'")[1]
-    return "arguments"

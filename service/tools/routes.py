@@ -31,9 +31,10 @@ class ToolList(BaseModel):
 
 
 @router.get("", response_model=ToolList, summary="List the agent tools")
-def list_tools() -> dict:
+def list_tools(ctx: Ctx) -> ToolList:
     """Function-calling schemas of every tool, for an agent's `tools=` parameter."""
-    return service.list_tools()
+    tools = service.list_tools(ctx)
+    return ToolList(tools=tools, count=len(tools))
 
 
 @router.post(
@@ -47,7 +48,7 @@ async def call_tool(
     name: ToolName,
     arguments: Annotated[dict[str, Any], Body(description="The tool's arguments object.")],
     x_tool_session: SessionHeader = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run one tool. Tool errors (bad arguments, unknown run, locked field, ...) are results with an `error`
     field, not HTTP errors; an unknown tool name is a 404."""
     return await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session)

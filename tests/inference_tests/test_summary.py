@@ -34,20 +34,20 @@ def test_model_result_counts_correct_as_score_above_zero() -> None:
         {"step": 3, "scores": [1.0, 1.0, 1.0, 1.0], "latencies_s": [1.0, 1.0, 1.0, 1.0]},
     ]
     result = model_result(ModelOutcome("a/b", steps=steps, wall_time_s=3.21))
-    assert result["status"] == "succeeded" and result["error"] is None
-    assert [s["correct"] for s in result["steps"]] == [2, 0, 4]
-    assert result["steps_tested"] == 3 and result["total_completions"] == 12 and result["correct_completions"] == 6
-    assert result["accuracy"] == 0.5
-    assert result["steps_with_correct"] == 2 and result["step_success_rate"] == 0.6667
-    assert result["latency"] == {"p50_s": 0.4, "p95_s": 1.0, "mean_s": 0.5333, "completions_timed": 12}
+    assert result.status == "succeeded" and result.error is None
+    assert [s.correct for s in result.steps] == [2, 0, 4]
+    assert result.steps_tested == 3 and result.total_completions == 12 and result.correct_completions == 6
+    assert result.accuracy == 0.5
+    assert result.steps_with_correct == 2 and result.step_success_rate == 0.6667
+    assert result.latency.model_dump() == {"p50_s": 0.4, "p95_s": 1.0, "mean_s": 0.5333, "completions_timed": 12}
 
 
 def test_a_model_with_an_error_or_without_completions_failed() -> None:
     partial = model_result(ModelOutcome("m", steps=[{"step": 1, "scores": [1.0]}], error="timed out"))
-    assert partial["status"] == "failed" and partial["steps_tested"] == 1 and partial["accuracy"] == 1.0
+    assert partial.status == "failed" and partial.steps_tested == 1 and partial.accuracy == 1.0
     empty = model_result(ModelOutcome("m"))
-    assert empty["status"] == "failed" and "no completion" in empty["error"]
-    assert empty["latency"]["p50_s"] is None and empty["step_success_rate"] == 0.0
+    assert empty.status == "failed" and "no completion" in empty.error
+    assert empty.latency.p50_s is None and empty.step_success_rate == 0.0
 
 
 def test_summary_picks_the_best_succeeded_model_and_averages_only_those() -> None:
@@ -58,7 +58,7 @@ def test_summary_picks_the_best_succeeded_model_and_averages_only_those() -> Non
         model_result(ModelOutcome("worst", steps=[{"step": 1, "scores": [0.0, 0.0]}])),
     ]
     summary = summarize(results, steps_requested=1, output_directory="/out")
-    assert summary == {
+    assert summary.model_dump() == {
         "steps_requested": 1,
         "models_tested": 4,
         "models_succeeded": 3,
@@ -68,7 +68,7 @@ def test_summary_picks_the_best_succeeded_model_and_averages_only_those() -> Non
         "output_directory": "/out",
     }
     nothing = summarize([results[1]], 1, "/out")
-    assert nothing["best_model"] is None and nothing["avg_accuracy"] is None and not nothing["environment_working"]
+    assert nothing.best_model is None and nothing.avg_accuracy is None and not nothing.environment_working
 
 
 def test_progress_counts_the_rest_of_ended_models_as_done() -> None:
