@@ -27,6 +27,7 @@ test: install lint
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy service/
 
 format: install
 	$(BIN)/ruff format .
