@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.names import NAME_PATTERN
 
@@ -158,14 +158,6 @@ class ScoreRequest(BaseModel):
         '{"name": "format", "weight": 1.0}].',
     )
     answer_field: str = Field("answer", pattern=FIELD_PATTERN, description="Metadata field of the expected answer.")
-
-    @field_validator("rewards")
-    @classmethod
-    def _each_reward_once(cls, rewards: list[RewardSpec]) -> list[RewardSpec]:
-        names = [reward.name for reward in rewards]
-        if len(set(names)) != len(names):
-            raise ValueError(f"each reward function may appear once: {names}")
-        return rewards
 
 
 class GrpoExportRequest(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -43,6 +44,7 @@ from service.datasets.tokenizers import load_counter, resolve_tokenizer
 from service.datasets.uploads import ByteStream, UndecodableUpload, upload_items
 from service.db.models import Dataset, Job
 from service.db.rows import load_row
+from service.errors import ValidationFailed
 from service.jobs.runner import UNFINISHED
 from service.jobs.schemas import JobOut
 from service.jobs.service import get_job
@@ -169,30 +171,18 @@ def read_records(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int =
     """A page of records, found through the offsets index: as fast at the end of a dataset as at its start."""
     total = get_dataset(ctx, dataset_id).record_count
     files = dataset_store(ctx).files(dataset_id)
-    lines = read_page(files.records, files.index, offset, limit) if offset < total else []
-    return RecordsPage(
-        dataset_id=dataset_id,
-        offset=offset,
-        limit=limit,
-        total=total,
-        next_offset=_next_offset(offset, len(lines), total),
-        records=[json.loads(line) for line in lines],
-    )
+    records, page = _json_lines(files.records, files.index, DatasetPage(dataset_id, offset, limit, total))
+    return RecordsPage(**page, records=records)
 
 
 def read_compression_metrics(ctx: AppContext, dataset_id: str, offset: int = 0, limit: int = 100) -> MetricsPage:
     dataset = get_dataset(ctx, dataset_id)
     files = dataset_store(ctx).files(dataset_id)
     total = dataset.record_count if files.compression.exists() else 0
-    lines = read_page(files.compression, files.compression_index, offset, limit) if offset < total else []
-    return MetricsPage(
-        dataset_id=dataset_id,
-        offset=offset,
-        limit=limit,
-        total=total,
-        next_offset=_next_offset(offset, len(lines), total),
-        metrics=[json.loads(line) for line in lines],
+    metrics, page = _json_lines(
+        files.compression, files.compression_index, DatasetPage(dataset_id, offset, limit, total)
     )
+    return MetricsPage(**page, metrics=metrics)
 
 
 def export_dataset(ctx: AppContext, dataset_id: str, fmt: ExportFormat = "rlctl") -> Iterator[bytes]:
@@ -259,6 +249,9 @@ def start_compression(ctx: AppContext, dataset_id: str, request: CompressRequest
 
 def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
+    names = [reward.name for reward in request.rewards]  # a rule over the items, which a JSON schema cannot state
+    if len(set(names)) != len(names):
+        raise ValidationFailed("each reward function may appear once", {"rewards": names})
     for reward in request.rewards:
         if reward.name not in BUILTIN_REWARDS and not env_scorer.has_scorer(ctx, reward.name):
             raise UnknownReward(
@@ -316,9 +309,20 @@ def _unfinished_dataset_jobs(session: Any) -> list[Job]:
     return list(session.scalars(query))
 
 
-def _next_offset(offset: int, returned: int, total: int) -> int | None:
-    following = offset + returned
-    return following if returned and following < total else None
+@dataclass(frozen=True)
+class DatasetPage:
+    dataset_id: str
+    offset: int
+    limit: int
+    total: int
+
+
+def _json_lines(lines_path: Path, index_path: Path, page: DatasetPage) -> tuple[list[Any], dict[str, Any]]:
+    """The page's lines, parsed, and the page's fields with `next_offset` (null on the last page)."""
+    lines = read_page(lines_path, index_path, page.offset, page.limit) if page.offset < page.total else []
+    following = page.offset + len(lines)
+    next_offset = following if lines and following < page.total else None
+    return [json.loads(line) for line in lines], {**asdict(page), "next_offset": next_offset}
 
 
 def _chunks_of(handle: BinaryIO, size: int = 1 << 20) -> Iterator[bytes]:

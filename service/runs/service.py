@@ -18,7 +18,7 @@ from service.db.rows import load_row
 from service.db.types import utcnow
 from service.environments import service as environments
 from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
-from service.pagination import newest_first_page
+from service.pagination import DEFAULT_PAGE, newest_first_page
 from service.runs import config as run_config
 from service.runs import lifecycle, metrics, ratelimit
 from service.runs.launch import Ports
@@ -61,22 +61,17 @@ HEADLINE_METRICS = {
 
 def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) -> tuple[RunOut, bool]:
     """Validate, record (before anything is spawned), then launch. Returns (run, created)."""
-    environment, edits, backend, idempotency_key = (
-        request.environment,
-        request.config,
-        request.backend,
-        request.idempotency_key,
-    )
-    request_hash = _request_hash(environment, edits, backend)
+    request_hash = _request_hash(request)
+    idempotency_key = request.idempotency_key
     if idempotency_key is not None:
         existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash)
         if existing is not None:
             return existing, False
-    chosen = environments.resolve_backend(ctx, backend or edits.get("backend"))
+    chosen = environments.resolve_backend(ctx, request.backend or request.config.get("backend"))
     require_backend(ctx, chosen)
-    env = ctx.catalog.get(environment)
+    env = ctx.catalog.get(request.environment)
     schema = ctx.catalog.config_schema(env)
-    edits = {**edits, "backend": chosen.value}
+    edits = {**request.config, "backend": chosen.value}
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
     run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, chosen))
 
@@ -116,8 +111,8 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     return get_run(ctx, run_id), True
 
 
-def require_backend(ctx: AppContext, backend: str) -> None:
-    if backend == "tinker" and ctx.settings.tinker_api_key is None:
+def require_backend(ctx: AppContext, backend: Backend) -> None:
+    if backend == Backend.TINKER and ctx.settings.tinker_api_key is None:
         raise BackendUnavailable(
             "the tinker backend needs TINKER_API_KEY in the server's environment; "
             "set it, or start the run with backend 'local'",
@@ -129,9 +124,11 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _request_hash(environment: str, edits: dict[str, Any], backend: Backend | None) -> str:
-    chosen = backend.value if backend else None
-    canonical = json.dumps({"environment": environment, "config": edits, "backend": chosen}, sort_keys=True)
+def _request_hash(request: CreateRunRequest) -> str:
+    backend = request.backend.value if request.backend else None
+    canonical = json.dumps(
+        {"environment": request.environment, "config": request.config, "backend": backend}, sort_keys=True
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -160,7 +157,7 @@ def list_runs(
     ctx: AppContext,
     status: RunStatus | None = None,
     environment: str | None = None,
-    limit: int = 50,
+    limit: int = DEFAULT_PAGE,
     cursor: str | None = None,
 ) -> RunList:
     query = select(Run)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
+from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from service.context import AppContext
@@ -106,7 +107,7 @@ def invoke(ctx: AppContext, tool: Tool[Any], state: SessionState, arguments: Any
     try:
         return tool.handler(ctx, state, parsed).model_dump(mode="json")
     except ServiceError as error:
-        return error_result(error)
+        return jsonable_encoder(error_result(error))  # details may hold any value (a locked datetime, a path)
     except Exception:  # noqa: BLE001 - an agent gets a result, never a 500
         logger.exception("tool %s failed", tool.name)
         return {"error": "internal error while running the tool; see the service log", "code": "INTERNAL_ERROR"}
