@@ -21,7 +21,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 @runtime_checkable
 class RewardFunction(Protocol):
     @property
-    def name(self) -> str: ...  # read-only: the rewards are frozen dataclasses
+    def name(self) -> str: ...  # read-only, so frozen dataclasses implement it
 
     def __call__(self, record: TrajectoryRecord) -> float: ...
 
