@@ -66,7 +66,7 @@ class OpenAICompatibleSummarizer:
     def _ask(self, messages: list[dict[str, str]], target_tokens: int, timeout: float) -> str:
         response = self._client.chat.completions.create(
             model=self._model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,  # type: ignore[arg-type]  # plain role/content dicts; the SDK types them as TypedDicts
             temperature=self._temperature,
             # Headroom: reasoning models spend part of it thinking; the compressor trims the summary anyway.
             max_tokens=self._max_output_tokens or target_tokens * 4,
