@@ -131,7 +131,7 @@ def _group_or_issues(
     if len(scored) < min_group_size:
         yield GroupIssue(key, TOO_SMALL, len(scored), f"a group needs at least {min_group_size} scored records")
         return
-    rewards = tuple(float(record.reward) for record in scored)  # type: ignore[arg-type]
+    rewards = tuple(float(record.reward) for record in scored if record.reward is not None)
     if drop_zero_variance and len(set(rewards)) == 1:
         yield GroupIssue(key, ZERO_VARIANCE, len(scored), "all rewards are equal: no learning signal")
         return
