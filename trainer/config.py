@@ -13,7 +13,7 @@ from trainer.defaults import LOCAL_DEFAULTS
 
 BACKENDS = ("local", "tinker")
 
-# SPEC §4 operator defaults, used by the tinker backend for keys the YAML leaves out.
+# The tinker backend's locked defaults (docs/RUNS.md#locked-fields), for keys the YAML leaves out.
 TINKER_DEFAULTS: dict[str, Any] = {
     "base_model": "Qwen/Qwen3-8B",
     "learning_rate": 4e-5,

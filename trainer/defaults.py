@@ -21,7 +21,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "save_checkpoint_interval": 20,
 }
 
-# Tinker's Adam settings (SPEC §6); the local backend uses the same.
+# Tinker's Adam settings (docs/TRAINER.md#grpo-step); the local backend uses the same.
 ADAM_BETA1 = 0.9
 ADAM_BETA2 = 0.95
 ADAM_EPS = 1e-8

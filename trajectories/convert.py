@@ -1,4 +1,4 @@
-"""Builds ShareGPT turns from chat messages, exactly as SPEC §7 describes the OpenAI → ShareGPT conversion.
+"""Builds ShareGPT turns from chat messages: the OpenAI → ShareGPT conversion of docs/TRAJECTORIES.md#conversion.
 
 ``TurnBuilder`` is the one place where turns are rendered and tool results are paired with their calls; every
 importer feeds it. ``convert_openai_messages`` feeds it an OpenAI chat message list.

@@ -146,7 +146,8 @@ def _group_or_issues(
 
 def group_advantages(rewards: Sequence[float], normalize_by_std: bool = False) -> tuple[float, ...]:
     """reward − group mean, divided by the group's standard deviation when asked (and it is not zero). The one
-    definition of GRPO advantages: the dataset export and the trainer both use it (docs/GRPO.md)."""
+    definition of GRPO advantages, used by the dataset export and the trainer (docs/TRAJECTORIES.md#grpo-advantages).
+    """
     mean = statistics.fmean(rewards)
     spread = statistics.pstdev(rewards) if normalize_by_std else 0.0
     return tuple((reward - mean) / spread if spread else reward - mean for reward in rewards)

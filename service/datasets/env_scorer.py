@@ -1,5 +1,5 @@
 """An environment's own scorer as a reward function, run in a child process (the API process never imports
-environment code, SPEC §3).
+environment code: docs/ENVIRONMENTS.md#scorers).
 
 An environment file offers a scorer when it defines a top-level `score_completion(completion, gold)`; it may also
 define `gold_answer(solution)` (e.g. GSM8K's "#### N") and `normalize_number(text)` to turn a record's expected
