@@ -55,7 +55,7 @@ def defines_scorer(path: Path) -> bool:
 
 
 class ChildScorer:
-    """`EnvironmentScorer` (rewards.py) backed by a child process; close it when done."""
+    """`EnvironmentScorer` (trajectories/rewards.py) backed by a child process; close it when done."""
 
     def __init__(self, file_path: Path, answer_field: str, start_timeout_s: float) -> None:
         self.answer_field = answer_field
