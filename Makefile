@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 HOST ?= 127.0.0.1
 PORT ?= 8080
+# Packages the type checker covers (pyproject.toml's [tool.mypy] has its settings).
+TYPED_PACKAGES := service supervisor trainer trajectories
 
-.PHONY: install run test lint format clean
+.PHONY: install run test lint typecheck format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,11 +29,14 @@ test: install lint
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy service/
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: install
+	$(BIN)/mypy $(TYPED_PACKAGES)
 
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

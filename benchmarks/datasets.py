@@ -6,7 +6,7 @@ For each size, a JSON Lines file of that many OpenAI-format agent trajectories (
 outputs; at least 40k tokens each) is generated, then a real `rlctl serve` process (SQLite, a fresh data dir)
 gets, over HTTP:
   1. the upload, streamed from disk as the raw body (5,000 records make about 1 GB),
-  2. compress with the SPEC defaults and the extractive summariser,
+  2. compress with the default parameters and the extractive summariser,
   3. score with correctness + format.
 Printed per phase: records/s, tokens/s (the approximate counter's tokens of the input) and the service's peak RSS,
 sampled every 20 ms. The baseline, measured in this process on the same stored records: tokenising every record

@@ -1,7 +1,7 @@
 """One error hierarchy, mapped to one error body: {"error": {"code", "message", "details"}}.
 
-Services raise these; the HTTP layer maps them (service/app.py) and the agent tools turn them into
-results with an `error` field. Codes are stable: clients and agents branch on them.
+Services raise these; the HTTP layer maps them (service/http.py) and the agent tools turn them into
+results with an `error` field (service/tools/registry.py). Codes are stable: clients and agents branch on them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Server settings: environment variables prefixed `RLCTL_`, or a `.env` file.
 
-The locked run fields (SPEC §4) live here: the operator sets them, API callers only see them.
+The locked run fields live here: the operator sets them, API callers only see them (docs/RUNS.md#locked-fields).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     collection_key_hosts: str = Field(
         "openrouter.ai", description="Hosts (':'-separated) that may receive the collection or OpenRouter key."
     )
-    # --- inference tests (SPEC §8): which endpoint gets which key; a key goes to its own endpoint only ---
+    # --- inference tests: a key goes to its own endpoint only (docs/INFERENCE_TESTS.md#keys) ---
     openrouter_base_url: str = Field(
         "https://openrouter.ai/api/v1", description="Default endpoint of inference tests; OPENROUTER_API_KEY's."
     )
@@ -128,7 +128,7 @@ class Settings(BaseSettings):
     inference_test_concurrency: int = Field(3, ge=1, le=32, description="Models of one inference test at once.")
     inference_test_timeout_s: float = Field(900, gt=0, description="Time one model of an inference test may take.")
 
-    # --- locked run fields (SPEC §4), tinker backend (defaults: trainer/defaults.py) ---
+    # --- locked run fields of the tinker backend (docs/RUNS.md#locked-fields; defaults: trainer/defaults.py) ---
     tokenizer_name: str = TINKER_BASE_MODEL
     max_token_length: int = TINKER_DEFAULTS["max_token_length"]
     max_num_workers: int = 2048

@@ -1,9 +1,10 @@
 """A run's three processes: started in order, watched together, stopped in reverse order.
 
-Fate sharing: when the trainer ends, the run ends (completed when it finished its steps, failed otherwise);
-when the API ends, the run fails; when the environment ends cleanly, the trainer drains the queued batches
-and the run completes when it does (a crashed environment fails the run). A stop request, also during
-start-up, stops whatever was started. The caller receives events and keeps the records.
+Fate sharing (docs/RUNS.md#fate-sharing): when the trainer ends, the run ends (completed when it finished its
+steps, failed otherwise); when the API ends, the run fails; when the environment ends cleanly, the trainer drains
+the queued batches and the run ends as the trainer does, or fails if it does not within the drain time-out (a
+crashed environment fails the run). A stop request, also during start-up, stops whatever was started. The
+caller receives events and keeps the records.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ OutcomeStatus = Literal["completed", "stopped", "failed"]
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # process_exited | readiness_timeout | startup_error | drain_timeout
+    kind: str  # process_exited | readiness_timeout | startup_error | drain_timeout (docs/RUNS.md#failure-kinds)
     message: str
     process: str | None = None
     exit_code: int | None = None

@@ -1,4 +1,4 @@
-"""`python -m trainer --config RUN.yaml`: run the GRPO trainer for one run (docs/ARCHITECTURE.md)."""
+"""`python -m trainer --config RUN.yaml`: run the GRPO trainer for one run (docs/TRAINER.md)."""
 
 from __future__ import annotations
 

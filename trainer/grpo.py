@@ -124,7 +124,7 @@ def step_metrics(
     loss_sum: float,
     learning_rate: float,
 ) -> dict[str, float]:
-    """The SPEC §6 metrics of one step. Logprob means are over completion tokens only."""
+    """The metrics of one step (docs/TRAINER.md#metrics). Logprob means are over completion tokens only."""
     sampler = completion_values(batch.data, [datum.sampler_logprobs or [] for datum in batch.data])
     training = completion_values(batch.data, training_logprobs) if training_logprobs else []
     trained_tokens = len(training)

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -201,7 +201,7 @@ class InferenceService:
             return [self.tokenizer.encode(prompt, add_special_tokens=False)]
         if prompt and all(isinstance(item, str) for item in prompt):
             return [self.tokenizer.encode(item, add_special_tokens=False) for item in prompt]
-        return [list(prompt)]
+        return [list(cast(list[int], prompt))]  # neither a text nor texts: one prompt of token ids
 
     async def completions(self, body: CompletionRequest) -> dict[str, Any]:
         self.check_model(body.model)

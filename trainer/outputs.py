@@ -1,5 +1,5 @@
 """What the trainer leaves in the run directory for the control plane: metrics.jsonl and trainer_state.json,
-plus an optional mirror of the metrics to Weights & Biases (docs/ARCHITECTURE.md has the contracts)."""
+plus an optional mirror of the metrics to Weights & Biases (docs/TRAINER.md#outputs has the contracts)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import json
 import os
 import string
 from pathlib import Path
+from typing import Any
 
 TINY_MODEL_SUBDIR = Path("models") / "tiny-qwen3"
 COMPLETE_MARKER = "rlctl_tiny_model.json"
@@ -31,7 +32,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-TINY_ARCHITECTURE = {
+TINY_ARCHITECTURE: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,

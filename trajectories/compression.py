@@ -1,12 +1,8 @@
 """Compresses a trajectory to a token budget by summarising as little of its middle as needed.
 
-Rules (SPEC §7, fixing the reference's defects of §13):
-- the first system, human, gpt and tool turns and the last ``protect_last_n_turns`` turns are never touched;
-- a tool call and its results form one exchange that is summarised whole or not at all;
-- the span starts at the beginning of the compressible region and takes the fewest exchanges whose removal,
-  with the summary's budget paid back, brings the record under the target; it becomes one summary turn;
-- any record over budget is compressed when it has something compressible, however few turns it has;
-- a result that would not be shorter is discarded, and a failed summary keeps the record as it was.
+The rules are written in docs/TRAJECTORIES.md#compression. Unlike the reference's compressor, a record over
+budget is compressed however few turns it has, a result that would not be shorter is discarded, and a failed
+summary keeps the record as it was: nothing is dropped.
 """
 
 from __future__ import annotations

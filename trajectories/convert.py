@@ -1,4 +1,4 @@
-"""Builds ShareGPT turns from chat messages, exactly as SPEC §7 describes the OpenAI → ShareGPT conversion.
+"""Builds ShareGPT turns from chat messages: the OpenAI → ShareGPT conversion of docs/TRAJECTORIES.md#conversion.
 
 ``TurnBuilder`` is the one place where turns are rendered and tool results are paired with their calls; every
 importer feeds it. ``convert_openai_messages`` feeds it an OpenAI chat message list.
@@ -191,7 +191,7 @@ def openai_tool_calls(message: Mapping[str, Any], path: str) -> list[tuple[str |
         where = f"{path}.tool_calls[{index}]"
         function = raw.get("function", raw) if isinstance(raw, Mapping) else None
         name = function.get("name") if isinstance(function, Mapping) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(function, Mapping) or not isinstance(name, str) or not name:
             raise ConversionError(INVALID_RECORD, "a tool call needs a function name", where)
         call_id = raw.get("id") if isinstance(raw.get("id"), str) else None
         calls.append((call_id, name, parse_arguments(function.get("arguments", {}))))

@@ -131,7 +131,7 @@ def _group_or_issues(
     if len(scored) < min_group_size:
         yield GroupIssue(key, TOO_SMALL, len(scored), f"a group needs at least {min_group_size} scored records")
         return
-    rewards = tuple(float(record.reward) for record in scored)  # type: ignore[arg-type]
+    rewards = tuple(float(record.reward) for record in scored if record.reward is not None)
     if drop_zero_variance and len(set(rewards)) == 1:
         yield GroupIssue(key, ZERO_VARIANCE, len(scored), "all rewards are equal: no learning signal")
         return
@@ -146,7 +146,8 @@ def _group_or_issues(
 
 def group_advantages(rewards: Sequence[float], normalize_by_std: bool = False) -> tuple[float, ...]:
     """reward − group mean, divided by the group's standard deviation when asked (and it is not zero). The one
-    definition of GRPO advantages: the dataset export and the trainer both use it (docs/GRPO.md)."""
+    definition of GRPO advantages, used by the dataset export and the trainer (docs/TRAJECTORIES.md#grpo-advantages).
+    """
     mean = statistics.fmean(rewards)
     spread = statistics.pstdev(rewards) if normalize_by_std else 0.0
     return tuple((reward - mean) / spread if spread else reward - mean for reward in rewards)

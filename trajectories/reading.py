@@ -182,7 +182,7 @@ class _ArraySplitter:
                 self._element_start = 0
         yield from self._finish()
 
-    def _feed(self, chunk: str) -> Iterator[_Piece]:
+    def _feed(self, chunk: str) -> Iterator[_Piece | ItemError]:
         if self._closed:
             self._check_plain(chunk, 0, len(chunk))
             return
@@ -216,7 +216,7 @@ class _ArraySplitter:
                 return
         self._check_plain(chunk, position, len(chunk))
 
-    def _structural(self, chunk: str, index: int, char: str) -> Iterator[_Piece]:
+    def _structural(self, chunk: str, index: int, char: str) -> Iterator[_Piece | ItemError]:
         if char == '"':
             self._open_scalar_element(chunk, index)
             self._in_string = True

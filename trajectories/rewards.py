@@ -146,13 +146,14 @@ def build_rewards(
     built = []
     for entry in spec:
         name, weight, params = entry.get("name"), entry.get("weight", 1.0), entry.get("params") or {}
-        if name in BUILTIN_REWARDS:
-            function: RewardFunction = BUILTIN_REWARDS[name](**params)
-        elif name in scorers:
-            function = EnvironmentReward(name=name, scorer=scorers[name])
-        else:
+        if not isinstance(name, str) or name not in {*BUILTIN_REWARDS, *scorers}:
             known = sorted([*BUILTIN_REWARDS, *scorers])
             raise ValueError(f"unknown reward function {name!r}; known: {', '.join(known)}")
+        function: RewardFunction
+        if name in BUILTIN_REWARDS:
+            function = BUILTIN_REWARDS[name](**params)
+        else:
+            function = EnvironmentReward(name=name, scorer=scorers[name])
         built.append(WeightedReward(function, float(weight)))
     return built
 

@@ -127,7 +127,7 @@ def tool_stats(record: TrajectoryRecord) -> dict[str, ToolCounts]:
 
 
 def compute_record_stats(record: TrajectoryRecord, counter: TokenCounter) -> RecordStats:
-    by_role = dict.fromkeys(ROLES, 0)
+    by_role: dict[str, int] = dict.fromkeys(ROLES, 0)
     for turn in record.turns:
         by_role[turn.role] += counter.count(turn.value)
     return RecordStats(

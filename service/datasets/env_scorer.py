@@ -1,5 +1,5 @@
 """An environment's own scorer as a reward function, run in a child process (the API process never imports
-environment code, SPEC §3).
+environment code: docs/ENVIRONMENTS.md#scorers).
 
 An environment file offers a scorer when it defines a top-level `score_completion(completion, gold)`; it may also
 define `gold_answer(solution)` (e.g. GSM8K's "#### N") and `normalize_number(text)` to turn a record's expected
@@ -55,7 +55,7 @@ def defines_scorer(path: Path) -> bool:
 
 
 class ChildScorer:
-    """`EnvironmentScorer` (rewards.py) backed by a child process; close it when done."""
+    """`EnvironmentScorer` (trajectories/rewards.py) backed by a child process; close it when done."""
 
     def __init__(self, file_path: Path, answer_field: str, start_timeout_s: float) -> None:
         self.answer_field = answer_field

@@ -1,6 +1,6 @@
 """What an inference test reports: per-model results and the summary. Pure logic, no I/O.
 
-A completion is correct when its score is above 0 (SPEC §8). Latency is per completion: each completion gets
+A completion is correct when its score is above 0 (docs/INFERENCE_TESTS.md#result). Latency is per completion: each gets
 the duration of the HTTP request that returned it (one request may return all `n` of a group).
 """
 
@@ -26,7 +26,7 @@ class ModelOutcome:
 
 
 def result_file_stem(environment: str, model: str) -> str:
-    """`test_{env}_{model}` with `/` in the model id replaced by `_` (SPEC §8)."""
+    """`test_{env}_{model}` with `/` in the model id replaced by `_` (docs/INFERENCE_TESTS.md#files)."""
     return f"test_{environment}_{model.replace('/', '_')}"
 
 

@@ -1,4 +1,5 @@
-"""Run configuration (SPEC §4): configurable vs locked fields, typed validation of edits, the merged YAML.
+"""Run configuration: configurable vs locked fields, typed validation of edits, the merged YAML
+(docs/RUNS.md#configuration).
 
 Pure logic: no HTTP, no database, no files. Inputs are the environment's config schema (read in a child
 process by the catalog), the caller's edits and the operator's settings.

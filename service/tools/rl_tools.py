@@ -1,4 +1,7 @@
-"""The ten rl_* tools: thin adapters over the environment and run services, with the reference's field names."""
+"""The nine rl_* tools of environments and runs: thin adapters over their services, with the reference's field names.
+
+With `rl_test_inference` (service/tools/inference_tools.py) they are the reference's ten tools.
+"""
 
 from __future__ import annotations
 

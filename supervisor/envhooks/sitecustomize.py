@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from typing import Any
 
 
 def _install() -> None:
@@ -23,7 +24,7 @@ def _install() -> None:
         return
     original = BaseEnv.wandb_log
 
-    async def wandb_log(self, wandb_metrics=None):  # type: ignore[no-untyped-def]
+    async def wandb_log(self: BaseEnv, wandb_metrics: dict[str, Any] | None = None) -> None:
         if wandb_metrics:
             _append(path, getattr(self, "curr_step", 0), wandb_metrics)
         return await original(self, wandb_metrics)
@@ -31,7 +32,7 @@ def _install() -> None:
     BaseEnv.wandb_log = wandb_log
 
 
-def _append(path: str, step: int, metrics: dict) -> None:
+def _append(path: str, step: int, metrics: dict[str, Any]) -> None:
     numbers = {
         str(k): float(v)
         for k, v in metrics.items()

@@ -1,4 +1,4 @@
-"""The OpenAI → ShareGPT conversion exactly as SPEC §7 states it, and record round trips."""
+"""The OpenAI → ShareGPT conversion exactly as docs/TRAJECTORIES.md#conversion states it, and record round trips."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Several replicas share one database: each run belongs to the replica that launched it (SPEC §12)."""
+"""Several replicas share one database: each run belongs to the replica that launched it (docs/RUNS.md#replicas)."""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ def write_run_yaml(
     group_size: int = 8,
     batch_size: int = 32,
 ) -> Path:
-    """The merged run YAML, in the layout of docs/ARCHITECTURE.md."""
+    """The merged run YAML, in the layout of docs/RUNS.md#the-merged-run-yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     document = {
         "env": {

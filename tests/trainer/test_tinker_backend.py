@@ -46,7 +46,7 @@ def scored_group(rng: random.Random) -> dict:
 
 
 def expected_datums(groups: list[dict]) -> set[tuple]:
-    """(inputs, targets, sampler logprobs, advantages) per rollout, as SPEC §6 defines the datum."""
+    """(inputs, targets, sampler logprobs, advantages) per rollout, as docs/TRAINER.md#grpo-step defines the datum."""
     expected = set()
     for group in groups:
         mean = sum(group["scores"]) / len(group["scores"])

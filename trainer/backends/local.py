@@ -91,7 +91,8 @@ class LocalBackend(TrainingBackend):
         self.model_name = base_model
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_name or base_model)
         dtype = torch.bfloat16 if self._device.type == "cuda" else torch.float32
-        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self._device)
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+        base.to(self._device)  # type: ignore[arg-type]  # transformers' wrapped .to() hides self
         lora = LoraConfig(
             r=config.lora_rank,
             lora_alpha=2 * config.lora_rank,
@@ -181,7 +182,7 @@ class LocalBackend(TrainingBackend):
         staging.mkdir(parents=True, exist_ok=True)
         with self._lock:
             # The base lm_head never changes; only the adapters (LoRA on lm_head included) need saving.
-            self.model.save_pretrained(staging, save_embedding_layers=False)
+            self.model.save_pretrained(str(staging), save_embedding_layers=False)
             torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
         (staging / "trainer_checkpoint.json").write_text(json.dumps({"step": step, "base_model": self.model_name}))
         if directory.exists():

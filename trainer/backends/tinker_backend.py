@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from trainer.backends.base import (
     Checkpoint,
@@ -23,6 +24,9 @@ from trainer.backends.base import (
 from trainer.config import TrainerConfig
 from trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
 from trainer.grpo import TrainingDatum
+
+if TYPE_CHECKING:  # imported when the backend starts: the SDK is slow to import
+    import tinker
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +69,12 @@ class TinkerBackend(TrainingBackend):
             )
         self._training = future.result(timeout=RESULT_TIMEOUT_S)
         self._sampler_lock = threading.Lock()
-        self._sampler = None
+        self._sampler: tinker.SamplingClient | None = None
         log.info("tinker training client ready for %s (model id %s)", config.base_model, self._training.model_id)
 
-    def _datum(self, datum: TrainingDatum, with_advantages: bool):
+    def _datum(self, datum: TrainingDatum, with_advantages: bool) -> tinker.Datum:
         types = self._tinker.types
-        inputs = {"target_tokens": list(datum.target_tokens)}
+        inputs: dict[str, list[int] | list[float]] = {"target_tokens": list(datum.target_tokens)}
         if with_advantages:
             inputs["logprobs"] = list(datum.sampler_logprobs or [0.0] * len(datum.target_tokens))
             inputs["advantages"] = list(datum.advantages)
@@ -79,7 +83,7 @@ class TinkerBackend(TrainingBackend):
         return types.Datum(model_input=types.ModelInput.from_ints(list(datum.input_tokens)), loss_fn_inputs=inputs)
 
     @staticmethod
-    def _logprobs(output) -> list[list[float]]:
+    def _logprobs(output: tinker.ForwardBackwardOutput) -> list[list[float]]:
         return [[float(value) for value in entry["logprobs"].data] for entry in output.loss_fn_outputs]
 
     def compute_logprobs(self, data: Sequence[TrainingDatum]) -> list[list[float]]:
@@ -135,7 +139,7 @@ class TinkerBackend(TrainingBackend):
         ).result(timeout=RESULT_TIMEOUT_S)
         return [self._completion(sequence, request) for sequence in response.sequences]
 
-    def _completion(self, sequence, request: SamplingRequest) -> Completion:
+    def _completion(self, sequence: tinker.SampledSequence, request: SamplingRequest) -> Completion:
         tokens = list(sequence.tokens)
         matched: str | int | None = None
         if sequence.stop_reason == "stop":

@@ -73,7 +73,8 @@ def _add_tool_action(
     call_id = optional_str(metadata.get("tool_call_id"))
     if message is None or not message.get("tool_calls"):
         # No usable completion: rebuild the call from the action itself.
-        args = event.get("args") if isinstance(event.get("args"), Mapping) else {}
+        raw_args = event.get("args")
+        args = raw_args if isinstance(raw_args, Mapping) else {}
         arguments = {k: v for k, v in args.items() if k != "thought"}
         thought = str(args.get("thought") or "")
         name = str(metadata.get("function_name") or event.get("action"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from trajectories.convert import (
     INVALID_RECORD,
@@ -22,7 +22,7 @@ from trajectories.formats.common import (
     require_list,
     require_mapping,
 )
-from trajectories.records import RecordFormatError, TrajectoryRecord, record_from_dict
+from trajectories.records import RecordFormatError, Role, TrajectoryRecord, record_from_dict
 from trajectories.tags import (
     parse_arguments,
     parse_tagged_tool_calls,
@@ -30,7 +30,7 @@ from trajectories.tags import (
     tool_names_in_tools_block,
 )
 
-SHAREGPT_ROLES = {
+SHAREGPT_ROLES: dict[str, Role | Literal["function_call"]] = {
     "system": "system",
     "human": "human",
     "user": "human",
