@@ -271,7 +271,9 @@ def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> dict[str, Any
             "running_time_minutes": round(running_s / 60, 2),
             "metrics": {"step": record["last_step"], **headline},
             "latest_metrics": {name: value for name, (_step, value) in latest.items()},
-            "trainer": {k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s")},
+            "trainer": {
+                k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s", "warnings")
+            },
             "logs": paths.logs(),
         }
     )
