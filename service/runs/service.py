@@ -196,6 +196,7 @@ def run_record(ctx: AppContext, run: Run) -> dict[str, Any]:
         "wandb_url": run.wandb_url,
         "failure": run.failure,
         "weights": run.weights,
+        "warnings": (paths.read_trainer_state() or {}).get("warnings") or [],  # e.g. parameters the server ignores
         "ports": run.ports,
         "updated_at": run.updated_at,
         "logs": paths.logs(),
