@@ -43,8 +43,8 @@ def report(local: StepFigures, skyrl: StepFigures) -> None:
     rows.append(("sampling (rollouts)", local_sampling, skyrl_sampling))
     print(f"  {'phase':<22} {'local ms':>10} {'SkyRL ms':>10} {'SkyRL/local':>12}")
     for name, local_s, skyrl_s in rows:
-        ratio = skyrl_s / local_s if local_s > 0 else float("inf")
-        print(f"  {name:<22} {local_s * 1000:10.1f} {skyrl_s * 1000:10.1f} {ratio:11.1f}x")
+        ratio = f"{skyrl_s / local_s:11.1f}x" if local_s >= 1e-4 else f"{'-':>12}"  # local publish is in-process
+        print(f"  {name:<22} {local_s * 1000:10.1f} {skyrl_s * 1000:10.1f} {ratio}")
     for label, figures, sampling in (("local", local, local_sampling), ("SkyRL", skyrl, skyrl_sampling)):
         print(
             f"steps/s {label:<6}: trainer step {1 / figures.step_s:.2f}, "

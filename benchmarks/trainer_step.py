@@ -114,6 +114,7 @@ def run_steps(backend: TrainingBackend, args: argparse.Namespace, workdir: Path)
     batch_size = args.groups * args.group_size
     api = start_api(api_port)
     figures = StepFigures([], [], [])
+    backend.publish_weights(0)  # as the trainer does at start: a remote backend samples only published weights
     try:
         client = AtroposClient(api_url)
         client.register(Registration("bench", "bench", batch_size, 4096, str(workdir), 1000, 0, args.steps))
