@@ -18,3 +18,9 @@ from tests_skyrl.server import SkyRLServer, skyrl_server
 def skyrl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SkyRLServer]:
     with skyrl_server(tmp_path_factory.mktemp("skyrl"), free_port()) as server:
         yield server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs against SkyRL on a shared CPU take minutes: a longer bound than the default suite's."""
+    for item in items:
+        item.add_marker(pytest.mark.timeout(1800))
