@@ -273,7 +273,10 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         return body
 
     def json_route(endpoint: str, handle: Any) -> None:
-        """POST /api/v1/<endpoint>; in legacy mode the body is validated against (and published as) its schema."""
+        """POST /api/v1/<endpoint>; in legacy mode the body is validated against (and published as) its schema.
+
+        (This module has no `from __future__ import annotations`: FastAPI reads `declared` from the annotation.)
+        """
         declared = LEGACY_SCHEMAS.get(endpoint) if service.protocol == "legacy" else None
         if declared is None:
 
