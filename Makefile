@@ -8,7 +8,15 @@ PORT ?= 8080
 # Packages the type checker covers (pyproject.toml's [tool.mypy] has its settings).
 TYPED_PACKAGES := service supervisor trainer trajectories
 
-.PHONY: install run test lint typecheck format clean
+# The SkyRL lane (docs/SKYRL.md): SkyRL's Tinker-compatible server in its own Python 3.12 environment.
+SKYRL_PYTHON ?= $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^3\.12' | tail -1) \
+	python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null)
+SKYRL_VENV := .venv-skyrl
+SKYRL_LOCK := tests_skyrl/requirements.lock
+SKYRL_STAMP := $(SKYRL_VENV)/.installed-$(shell cat $(SKYRL_LOCK) | cksum | cut -d' ' -f1)
+
+.PHONY: install install-skyrl run test test-skyrl lint typecheck format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +34,21 @@ run: install
 test: install lint
 	$(BIN)/python -m pytest
 
+$(SKYRL_STAMP): $(SKYRL_LOCK)
+	@test -n "$(SKYRL_PYTHON)" || { echo "SkyRL needs Python 3.12: put python3.12 on PATH or set SKYRL_PYTHON"; exit 1; }
+	test -x $(SKYRL_VENV)/bin/python || $(SKYRL_PYTHON) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/python -m pip install --quiet --no-cache-dir --no-deps -r $(SKYRL_LOCK)
+	$(SKYRL_VENV)/bin/python -c 'import skyrl.tinker.api, skyrl.backends.jax'
+	rm -f $(SKYRL_VENV)/.installed-*
+	touch $(SKYRL_STAMP)
+
+install-skyrl: $(SKYRL_STAMP)
+
+# Not part of `make test` (a 6 GB environment and minutes of CPU): train, save, sample and resume through the
+# SDK, the trainer alone with a resume, and a whole echo run through the service, against SkyRL on the CPU.
+test-skyrl: install install-skyrl
+	RLCTL_SKYRL_VENV=$(SKYRL_VENV) $(BIN)/python -m pytest tests_skyrl -v
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -39,4 +62,4 @@ format: install
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(SKYRL_VENV) .pytest_cache .ruff_cache .mypy_cache

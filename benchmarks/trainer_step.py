@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from supervisor.ports import free_ports  # noqa: E402
 from trainer.atropos import AtroposClient, Registration  # noqa: E402
-from trainer.backends.base import SamplingRequest  # noqa: E402
+from trainer.backends.base import SamplingRequest, TrainingBackend  # noqa: E402
 from trainer.backends.local import LocalBackend  # noqa: E402
 from trainer.config import parse_config  # noqa: E402
 from trainer.loop import StepTimings, train_on_batch  # noqa: E402
@@ -68,7 +69,7 @@ def stop_api(process: subprocess.Popen) -> None:
             continue
 
 
-def echo_groups(backend: LocalBackend, rng: random.Random, groups: int, group_size: int, new_tokens: int):
+def echo_groups(backend: TrainingBackend, rng: random.Random, groups: int, group_size: int, new_tokens: int):
     """Rollouts as the echo environment makes them: digits asked for, share of digits as the score."""
     tokenizer = backend.tokenizer
     batch = []
@@ -90,23 +91,75 @@ def echo_groups(backend: LocalBackend, rng: random.Random, groups: int, group_si
     return batch
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
+@dataclass
+class StepFigures:
+    """Per-step timings of the measured steps (after warm-up), and the rollout sampling time of each step."""
+
+    timings: list[StepTimings]
+    rollout_s: list[float]
+    rewards: list[float]
+
+    def mean_s(self, phase: str) -> float:
+        return statistics.mean(getattr(t, phase) for t in self.timings)
+
+    @property
+    def step_s(self) -> float:
+        return sum(self.mean_s(phase) for phase in PHASES)
+
+
+def run_steps(backend: TrainingBackend, args: argparse.Namespace, workdir: Path) -> StepFigures:
+    """Warm-up plus measured GRPO steps of `backend` against a real `run-api`, rollouts sampled from it."""
+    api_port = free_ports(1)[0]
+    api_url = f"http://127.0.0.1:{api_port}"
+    batch_size = args.groups * args.group_size
+    api = start_api(api_port)
+    figures = StepFigures([], [], [])
+    backend.publish_weights(0)  # as the trainer does at start: a remote backend samples only published weights
+    try:
+        client = AtroposClient(api_url)
+        client.register(Registration("bench", "bench", batch_size, 4096, str(workdir), 1000, 0, args.steps))
+        rng = random.Random(0)
+        for step in range(1, args.warmup + args.steps + 1):
+            started = time.perf_counter()
+            for group in echo_groups(backend, rng, args.groups, args.group_size, args.new_tokens):
+                httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+            rollout_s = time.perf_counter() - started
+            timings = StepTimings()
+            started = time.perf_counter()
+            groups = None
+            while not groups:
+                groups = client.get_batch()
+            timings.wait_for_batch_s = time.perf_counter() - started
+            report = train_on_batch(backend, groups, step, args.learning_rate, 1024, timings)
+            figures.rewards.append(report.metrics["reward/mean"])
+            if step > args.warmup:
+                figures.timings.append(timings)
+                figures.rollout_s.append(rollout_s)
+    finally:
+        stop_api(api)
+    return figures
+
+
+def add_step_arguments(parser: argparse.ArgumentParser, steps: int, warmup: int = 3) -> None:
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, default=warmup)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=1e-2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(parser, steps=30)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="rlctl-bench-"))
     model_dir = init_tiny_model(workdir / "tiny-qwen3")
-    api_port = free_ports(1)[0]
     config = parse_config(
         {
-            "env": {"rollout_server_url": f"http://127.0.0.1:{api_port}"},
+            "env": {"rollout_server_url": "http://127.0.0.1:1"},
             "tinker": {
                 "base_model": str(model_dir),
                 "run_dir": str(workdir / "run"),
@@ -116,33 +169,7 @@ def main() -> None:
             },
         }
     )
-    backend = LocalBackend(config)
-    batch_size = args.groups * args.group_size
-    api = start_api(api_port)
-    try:
-        client = AtroposClient(config.rollout_server_url)
-        client.register(Registration("bench", "bench", batch_size, 4096, str(workdir), 1000, 0, args.steps))
-        rng = random.Random(0)
-        measured: list[StepTimings] = []
-        rollout_s: list[float] = []
-        rewards: list[float] = []
-        for step in range(1, args.warmup + args.steps + 1):
-            started = time.perf_counter()
-            for group in echo_groups(backend, rng, args.groups, args.group_size, args.new_tokens):
-                httpx.post(f"{config.rollout_server_url}/scored_data", json=group).raise_for_status()
-            rollout_s.append(time.perf_counter() - started)
-            timings = StepTimings()
-            started = time.perf_counter()
-            groups = None
-            while not groups:
-                groups = client.get_batch()
-            timings.wait_for_batch_s = time.perf_counter() - started
-            report = train_on_batch(backend, groups, step, args.learning_rate, 1024, timings)
-            rewards.append(report.metrics["reward/mean"])
-            if step > args.warmup:
-                measured.append(timings)
-    finally:
-        stop_api(api)
+    figures = run_steps(LocalBackend(config), args, workdir)
 
     print(
         "trainer step breakdown, local backend, tiny Qwen3 (2 layers, 64 wide), "
@@ -150,21 +177,21 @@ def main() -> None:
         f"rollouts x {args.new_tokens} new tokens, {args.steps} steps after {args.warmup} warm-up, "
         f"torch threads {torch.get_num_threads()}"
     )
-    means = {phase: statistics.mean(getattr(t, phase) for t in measured) for phase in PHASES}
-    total = sum(means.values())
+    means = {phase: figures.mean_s(phase) for phase in PHASES}
+    total = figures.step_s
     for phase in PHASES:
         print(f"  {phase.removesuffix('_s'):<20} {means[phase] * 1000:8.2f} ms  {means[phase] / total:6.1%}")
     compute = total - means["wait_for_batch_s"]
     print(f"  {'step total':<20} {total * 1000:8.2f} ms")
     print(f"steps/s (trainer, incl. waiting for the batch): {1 / total:.2f}")
     print(f"steps/s (trainer compute only): {1 / compute:.2f}")
-    rollout_ms = statistics.mean(rollout_s) * 1000
+    rollout_ms = statistics.mean(figures.rollout_s) * 1000
     print(f"rollout sampling per step (environment side, not in the step): {rollout_ms:.1f} ms")
     ratio = means["publish_s"] / total
     verdict = "OK" if ratio < 0.10 else "TOO SLOW"
     print(f"publish / step time: {ratio:.2%} ({verdict}: must stay under 10%, no base-model reload)")
-    quarter = max(1, len(rewards) // 4)
-    first, last = statistics.mean(rewards[:quarter]), statistics.mean(rewards[-quarter:])
+    quarter = max(1, len(figures.rewards) // 4)
+    first, last = statistics.mean(figures.rewards[:quarter]), statistics.mean(figures.rewards[-quarter:])
     print(f"mean reward first quarter {first:.3f}, last quarter {last:.3f}")
 
 

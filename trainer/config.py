@@ -12,6 +12,7 @@ import yaml
 from trainer.defaults import LOCAL_DEFAULTS, TINKER_DEFAULTS
 
 BACKENDS = ("local", "tinker")
+TINKER_PROTOCOLS = ("auto", "current", "legacy")  # see trainer/backends/tinker_protocol.py
 
 
 class ConfigError(ValueError):
@@ -21,6 +22,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class TrainerConfig:
     backend: str
+    protocol: str
     base_model: str | None
     tokenizer_name: str | None
     lora_rank: int
@@ -76,6 +78,9 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
     if backend not in BACKENDS:
         raise ConfigError(f"tinker.backend must be one of {BACKENDS}, got {backend!r}")
     defaults = LOCAL_DEFAULTS if backend == "local" else TINKER_DEFAULTS
+    protocol = _typed(tinker, "protocol", str, "auto")
+    if protocol not in TINKER_PROTOCOLS:
+        raise ConfigError(f"tinker.protocol must be one of {TINKER_PROTOCOLS}, got {protocol!r}")
     rollout_server_url = _typed(tinker, "rollout_server_url", str, None) or _typed(
         env, "rollout_server_url", str, where="env"
     )
@@ -84,6 +89,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
     wandb_run_name = _typed(tinker, "wandb_run_name", str, None) or env.get("wandb_name") or run_dir.name
     config = TrainerConfig(
         backend=backend,
+        protocol=protocol,
         base_model=_typed(tinker, "base_model", str, defaults["base_model"]),
         tokenizer_name=_typed(env, "tokenizer_name", str, None, where="env"),
         lora_rank=_typed(tinker, "lora_rank", int, defaults["lora_rank"]),

@@ -162,6 +162,7 @@ class Trainer:
         self.server.start()
         self.metrics = MetricsWriter(config.run_dir)
         self._start_wandb()
+        self._record_warnings()
         self.state_store.save(self.state)
         if self.atropos.wait_until_up(API_START_TIMEOUT_S, self.stop.wait):
             self._register()
@@ -220,6 +221,7 @@ class Trainer:
             self.state.waiting_for_rollouts_s = None
             if step % self.config.save_checkpoint_interval == 0 or step == self.config.total_steps:
                 self._checkpoint(step)
+            self._record_warnings()
             self.state_store.save(self.state)
             log.info(
                 "step %d/%d reward/mean %.3f loss %.4f (%.2f s)",
@@ -275,6 +277,15 @@ class Trainer:
         self.state.waiting_for_rollouts_s = round(waited_s, 3)
         self.state_store.save(self.state)
 
+    def _record_warnings(self) -> None:
+        """Backend warnings go to the log, metrics.jsonl and trainer_state.json's `warnings` (the run's status)."""
+        assert self.backend is not None and self.metrics is not None
+        for warning in self.backend.drain_warnings():
+            record = warning.as_record()
+            if self.state.add_warning(record):
+                log.warning("%s", warning.message)
+                self.metrics.warning(self.state.step, record)
+
     def _checkpoint(self, step: int) -> None:
         assert self.backend is not None
         checkpoint = self.backend.save_checkpoint(step)
@@ -285,6 +296,7 @@ class Trainer:
         last = self.state.last_checkpoint()
         if self.state.step > 0 and (last is None or last.step < self.state.step):
             self._checkpoint(self.state.step)
+        self._record_warnings()
         self.state.status = status
         self.state.waiting_for_rollouts_s = None
         self.state_store.save(self.state)

@@ -45,6 +45,9 @@ class MetricsWriter:
             }
         )
 
+    def warning(self, step: int, record: dict[str, Any]) -> None:
+        self._append({"event": "warning", "time": time.time(), "step": step, **record})
+
     def close(self) -> None:
         self._file.close()
 
@@ -62,6 +65,7 @@ class TrainerState:
     weights: str | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     waiting_for_rollouts_s: float | None = None
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # BackendWarning records, each once per run
     error: str | None = None
     updated_at: float = 0.0
 
@@ -70,6 +74,14 @@ class TrainerState:
             return None
         record = max(self.checkpoints, key=lambda entry: entry["step"])
         return Checkpoint(step=record["step"], path=record["path"], weights=record.get("weights", record["path"]))
+
+    def add_warning(self, record: dict[str, Any]) -> bool:
+        """Keep `record` unless the same (code, parameter) is already listed; True when it is new."""
+        key = (record["code"], record.get("parameter"))
+        if any((entry.get("code"), entry.get("parameter")) == key for entry in self.warnings):
+            return False
+        self.warnings.append(record)
+        return True
 
     def add_checkpoint(self, checkpoint: Checkpoint) -> None:
         self.checkpoints = [entry for entry in self.checkpoints if entry["step"] != checkpoint.step]

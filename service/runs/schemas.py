@@ -64,6 +64,12 @@ class RunSummary(BaseModel):
     ended_at: datetime | None
 
 
+class RunWarning(BaseModel):
+    code: str = Field(description="parameter_ignored: the training server has no field for a parameter rlctl sends")
+    parameter: str | None
+    message: str
+
+
 class RunOut(RunSummary):
     config: dict[str, Any]
     config_path: str | None
@@ -71,6 +77,7 @@ class RunOut(RunSummary):
     wandb_url: str | None
     failure: Failure | None
     weights: str | None
+    warnings: list[RunWarning] = Field(default_factory=list, description="What the trainer reported about its backend.")
     ports: dict[str, int]
     updated_at: datetime
     logs: dict[str, str]

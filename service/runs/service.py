@@ -200,6 +200,7 @@ def run_record(ctx: AppContext, run: Run) -> RunOut:
         wandb_url=run.wandb_url,
         failure=run.failure,
         weights=run.weights,
+        warnings=(paths.read_trainer_state() or {}).get("warnings") or [],  # e.g. parameters the server ignores
         ports=run.ports,
         updated_at=run.updated_at,
         logs=paths.logs(),
@@ -260,7 +261,7 @@ def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> RunSnapshot:
         running_time_minutes=round(running_s / 60, 2),
         metrics=HeadlineMetrics(step=record["last_step"], **headline),
         latest_metrics={name: value for name, (_step, value) in latest.items()},
-        trainer={k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s")},
+        trainer={k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s", "warnings")},
         logs=paths.logs(),
     )
 

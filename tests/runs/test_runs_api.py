@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -120,6 +121,17 @@ def test_metrics_filter_by_name_and_step_range(service: LiveService, database_ur
         results = client.get("/runs/m1/results").json()
         assert results["final_metrics"] == {"reward/mean": 1.0, "train/loss": -10.0}
         assert client.get("/runs/missing/metrics").status_code == 404
+
+
+def test_the_trainers_warnings_are_on_the_run_record(service: LiveService, database_url: str) -> None:
+    add_runs(database_url, make_run("w1"), make_run("w2"))
+    warning = {"code": "parameter_ignored", "parameter": "adam_params.grad_clip_norm", "message": "ignored"}
+    state = RunPaths(service.settings.data_path, "w1").trainer_state
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"status": "running", "step": 1, "warnings": [warning]}))
+    with service.client() as client:
+        assert client.get("/runs/w1").json()["warnings"] == [warning]
+        assert client.get("/runs/w2").json()["warnings"] == []  # no trainer state yet
 
 
 def test_logs_tail_and_follow_until_the_run_ends(service: LiveService, database_url: str) -> None:

@@ -36,12 +36,15 @@ def test_tinker_backend_uses_the_operator_defaults() -> None:
     config = parse_config(document(backend="tinker", learning_rate=1))
     assert config.base_model == "Qwen/Qwen3-8B" and config.lora_rank == 32
     assert config.learning_rate == 1.0  # an int where a float is expected is fine
+    assert config.protocol == "auto"  # detected from the server
+    assert parse_config(document(backend="tinker", protocol="legacy")).protocol == "legacy"
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"backend": "gpu"}, "tinker.backend"),
+        ({"protocol": "0.25"}, "tinker.protocol must be one of"),
         ({"total_steps": "ten"}, "tinker.total_steps must be int"),
         ({"total_steps": 0}, "must be positive"),
         ({"inference_port": None}, "missing required key tinker.inference_port"),

@@ -6,6 +6,11 @@ trainer process, the SDK, `run-api`. The test posts scored groups to the Atropos
 the service: the LoRA config, one datum per rollout with shifted targets, sampler logprobs and advantages
 zeroed on the prompt, the `importance_sampling` loss, Adam's parameters, weights saved for sampling after
 every step, checkpoints, and sampling through the newest sampling client.
+
+It runs twice: against the stand-in speaking the current protocol (SDK 0.38, the hosted service) and against it
+speaking the older subset SkyRL's server speaks (tinker 0.25). The trainer is not told which: it detects the
+protocol from the server, resumes and samples the way that protocol allows, and records as run warnings the
+parameters the server declares no field for (and the top-k logprobs it returns none of).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from transformers import AutoTokenizer
 from tests.support.live import free_port
 from tests.trainer.pipeline import (
     child_environment,
+    metric_lines,
     processes,
     start_api,
     start_trainer,
@@ -76,16 +82,27 @@ def _tensor_tokens(chunk) -> list[int]:
     return np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
 
 
-@pytest.fixture
-def loopback(tiny_model_dir: Path):
+@pytest.fixture(params=["current", "legacy"])
+def loopback(tiny_model_dir: Path, request: pytest.FixtureRequest):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    service = LoopbackTinker(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    service = LoopbackTinker(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, protocol=request.param)
     with LoopbackServer(service, free_port()) as server:
         yield service, server.url
 
 
+# What the legacy stand-in's schemas (SkyRL's) leave out of what rlctl sends.
+LEGACY_IGNORED = {
+    "lora_config.train_mlp",
+    "lora_config.train_attn",
+    "lora_config.train_unembed",
+    "adam_params.grad_clip_norm",
+    "topk_sample_logprobs",
+}
+
+
 def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path, loopback) -> None:
     service, tinker_url = loopback
+    legacy = service.protocol == "legacy"
     api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / "run"
     config = write_run_yaml(
@@ -134,7 +151,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         params = {"n": 3, "max_new_tokens": 5, "temperature": 1.0}
         results = httpx.post(
             f"http://127.0.0.1:{inference_port}/generate",
-            json={"input_ids": prompt, "sampling_params": params},
+            json={"input_ids": prompt, "sampling_params": params, "top_logprobs_num": 2},
         ).json()
         assert len(results) == 3
         assert all(len(r["meta_info"]["output_token_logprobs"]) == r["meta_info"]["completion_tokens"] for r in results)
@@ -170,7 +187,12 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
 
     [loaded] = service.calls("load_weights")
     assert loaded["path"] == completed["checkpoints"][-1]["path"] and loaded["optimizer"] is True
-    assert len(service.calls("create_model")) == 1
+    created = service.calls("create_model")
+    if legacy:  # create_model, then load_weights into that model as its first request
+        assert len(created) == 2 and created[1]["lora_config"]["rank"] == 8
+        assert loaded["model_id"] == f"{created[1]['session_id']}:train:{created[1]['model_seq_id']}"
+    else:  # one load_weights creates the model
+        assert len(created) == 1 and "model_id" not in loaded and loaded["model_seq_id"] is not None
     assert trainer_state(run_dir)["step"] == 4
 
     forward_backward = service.calls("forward_backward")
@@ -201,4 +223,18 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
     assert state["weights"].startswith("tinker://") and state["weights"].endswith("sampler_weights/step_3")
     metrics = step_metrics(run_dir)[2]["metrics"]
     assert metrics["logprobs/mean_training"] < 0 and metrics["train/learning_rate"] == 0.05
-    assert service.calls("finish_session"), "the trainer did not close its Tinker session"
+    if legacy:  # the 0.25 protocol has no session finish; the session expires without heartbeats
+        assert not service.calls("finish_session")
+    else:
+        assert service.calls("finish_session"), "the trainer did not close its Tinker session"
+
+    warnings = {entry["parameter"]: entry for entry in trainer_state(run_dir)["warnings"]}
+    assert all(entry["code"] == "parameter_ignored" for entry in warnings.values())
+    if legacy:  # read from the server's published schemas
+        assert set(warnings) == LEGACY_IGNORED
+        assert "True" in warnings["lora_config.train_unembed"]["message"]
+    else:  # the current stand-in publishes no schemas, but returns no top-k logprobs either
+        assert set(warnings) == {"topk_sample_logprobs"}
+        assert "came back without them" in warnings["topk_sample_logprobs"]["message"]
+    events = [line for line in metric_lines(run_dir) if line.get("event") == "warning"]
+    assert {event["parameter"] for event in events} == set(warnings)

@@ -10,9 +10,12 @@ Behind the protocol is a real, if minimal, learner: a single vector of logits ov
 model). Forward/backward computes the importance-sampling loss and its gradient, `optim_step` applies Adam
 with the parameters sent, and sampling draws from the snapshot saved for the sampler. Every request is
 recorded so tests can check what the trainer sent.
-"""
 
-from __future__ import annotations
+With `protocol="legacy"` it speaks the older protocol subset of `tinker>=0.25,<0.26`, as SkyRL 0.4 does: no
+`/api/v1/sessions/{id}/finish`, asample promises without `sample_sequence_ids`, `load_weights` only addressed by
+`model_id` and only as a model's first request after `create_model`, and request schemas published in its OpenAPI
+document (copied from SkyRL's, so fields they do not declare are dropped as SkyRL drops them).
+"""
 
 import threading
 import time
@@ -24,6 +27,7 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from tinker.proto import tinker_public_pb2 as pb
 
 PROTOBUF = "application/x-protobuf"
@@ -79,10 +83,65 @@ class StoredResult:
         return isinstance(self.payload, bytes)
 
 
+class LegacyLoraConfig(BaseModel):
+    rank: int
+    seed: int | None = None
+
+
+class LegacyCreateModel(BaseModel):
+    session_id: str
+    base_model: str
+    lora_config: LegacyLoraConfig
+    model_role: str = "policy"
+
+
+class LegacyAdamParams(BaseModel):
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+
+
+class LegacyOptimStep(BaseModel):
+    model_id: str
+    adam_params: LegacyAdamParams
+    seq_id: int | None = None
+
+
+class LegacyLoadWeights(BaseModel):
+    model_id: str  # the 0.25 protocol has no create-via-load addressing: a body without it is a 422
+    path: str
+    optimizer: bool = True
+    seq_id: int | None = None
+
+
+class LegacySamplingParams(BaseModel):
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: list[int] | list[str] | None = None
+    temperature: float = 1
+    top_k: int = -1
+    top_p: float = 1
+
+
+class LegacySample(BaseModel):
+    num_samples: int = 1
+    prompt: dict[str, Any]
+    sampling_params: LegacySamplingParams
+    sampling_session_id: str | None = None
+    seq_id: int | None = None
+    prompt_logprobs: bool | None = None
+    topk_prompt_logprobs: int = 0
+
+
 class LoopbackTinker:
     """State and handlers of the loopback service; `requests` records (endpoint, decoded body) pairs."""
 
-    def __init__(self, vocab_size: int, eos_token_id: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_id: int | None = None, seed: int = 0, protocol: str = "current"
+    ) -> None:
+        self.protocol = protocol
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: list[tuple[str, Any]] = []
@@ -90,6 +149,8 @@ class LoopbackTinker:
         self.models: dict[str, UnigramModel] = {}
         self.checkpoints: dict[str, np.ndarray] = {}
         self.samplers: dict[str, np.ndarray] = {}
+        self.trained_models: set[str] = set()  # models that had a request other than create_model
+        self.lora_ranks: dict[str, int] = {}
         self._results: dict[str, StoredResult] = {}
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(seed)
@@ -112,6 +173,7 @@ class LoopbackTinker:
 
     def forward_backward(self, message: pb.ForwardBackwardRequest) -> bytes:
         model = self.models[message.model_id]
+        self.trained_models.add(message.model_id)
         log_probs_per_datum: list[np.ndarray] = []
         loss = 0.0
         for datum in message.data:
@@ -122,6 +184,37 @@ class LoopbackTinker:
                 advantages = _tensor(datum.loss_fn_inputs["advantages"])
                 loss += model.importance_sampling(targets, sampler, advantages)
         return _forward_backward_output(log_probs_per_datum, loss)
+
+    def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        self.models[model_id] = UnigramModel(self.vocab_size)
+        self.lora_ranks[model_id] = body["lora_config"]["rank"]
+        return self.future({"model_id": model_id, "type": "create_model"}, model_id)
+
+    def optim_step(self, body: dict[str, Any]) -> dict[str, Any]:
+        params = body["adam_params"]  # the wire name of AdamParams
+        self.trained_models.add(body["model_id"])
+        self.models[body["model_id"]].adam(params["learning_rate"], params["beta1"], params["beta2"], params["eps"])
+        return self.future({"metrics": {}}, body["model_id"])
+
+    def load_weights(self, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        if self.protocol == "legacy":  # into the model just created, as its first request
+            model_id = body["model_id"]
+            if model_id not in self.models or model_id in self.trained_models:
+                return JSONResponse(status_code=400, content={"detail": "LoadWeights is not permitted"})
+        else:  # create-via-load addressing
+            model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        self.trained_models.add(model_id)
+        model = UnigramModel(self.vocab_size)
+        model.logits = self.checkpoints[body["path"]].copy()
+        self.models[model_id] = model
+        return self.future({"path": body["path"], "model_id": model_id, "type": "load_weights"}, model_id)
+
+    def asample(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.protocol == "legacy":
+            return self.future(self.sample(body), None)
+        ids = [uuid.uuid4().hex for _ in range(int(body.get("num_samples", 1)))]
+        return self.future(self.sample(body), None, sample_sequence_ids=ids)
 
     def sample(self, body: dict[str, Any]) -> bytes:
         logits = self.samplers[body["sampling_session_id"]]
@@ -163,6 +256,14 @@ def _forward_backward_output(log_probs: list[np.ndarray], loss: float) -> bytes:
     return output.SerializeToString()
 
 
+LEGACY_SCHEMAS: dict[str, type[BaseModel]] = {
+    "create_model": LegacyCreateModel,
+    "optim_step": LegacyOptimStep,
+    "load_weights": LegacyLoadWeights,
+    "asample": LegacySample,
+}
+
+
 def create_app(service: LoopbackTinker) -> FastAPI:
     app = FastAPI()
 
@@ -170,6 +271,29 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         body = await request.json()
         service.record(endpoint, body, request)
         return body
+
+    def json_route(endpoint: str, handle: Any) -> None:
+        """POST /api/v1/<endpoint>; in legacy mode the body is validated against (and published as) its schema.
+
+        (This module has no `from __future__ import annotations`: FastAPI reads `declared` from the annotation.)
+        """
+        declared = LEGACY_SCHEMAS.get(endpoint) if service.protocol == "legacy" else None
+        if declared is None:
+
+            async def route(request: Request) -> Any:
+                return handle(await json_body(request, endpoint))
+
+        else:
+
+            async def route(request: Request, validated: declared) -> Any:  # type: ignore[valid-type]
+                return handle(await json_body(request, endpoint))
+
+        app.post(f"/api/v1/{endpoint}")(route)
+
+    json_route("create_model", service.create_model)
+    json_route("optim_step", service.optim_step)
+    json_route("load_weights", service.load_weights)
+    json_route("asample", service.asample)
 
     @app.post("/api/v1/client/config")
     async def client_config(request: Request) -> dict[str, Any]:
@@ -196,17 +320,12 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         await request.body()
         return {"status": "accepted"}
 
-    @app.post("/api/v1/sessions/{session_id}/finish")
-    async def finish(session_id: str, request: Request) -> Response:
-        await json_body(request, "finish_session")
-        return Response(status_code=200, content=b"null", media_type="application/json")
+    if service.protocol == "current":
 
-    @app.post("/api/v1/create_model")
-    async def create_model(request: Request) -> dict[str, Any]:
-        body = await json_body(request, "create_model")
-        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-        service.models[model_id] = UnigramModel(service.vocab_size)
-        return service.future({"model_id": model_id, "type": "create_model"}, model_id)
+        @app.post("/api/v1/sessions/{session_id}/finish")
+        async def finish(session_id: str, request: Request) -> Response:
+            await json_body(request, "finish_session")
+            return Response(status_code=200, content=b"null", media_type="application/json")
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
@@ -225,13 +344,6 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         service.record("forward_backward", message, request)
         return service.future(service.forward_backward(message), message.model_id)
 
-    @app.post("/api/v1/optim_step")
-    async def optim_step(request: Request) -> dict[str, Any]:
-        body = await json_body(request, "optim_step")
-        params = body["adam_params"]  # the wire name of AdamParams
-        service.models[body["model_id"]].adam(params["learning_rate"], params["beta1"], params["beta2"], params["eps"])
-        return service.future({"metrics": {}}, body["model_id"])
-
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict[str, Any]:
         body = await json_body(request, "save_weights_for_sampler")
@@ -245,28 +357,18 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         result = {"sampling_session_id": session, "type": "save_weights_for_sampler"}
         return service.future(result, body["model_id"])
 
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request) -> dict[str, Any]:
+        body = await json_body(request, "weights_info")
+        model_id = body["tinker_path"].removeprefix("tinker://").split("/")[0]
+        return {"base_model": "loopback-unigram", "is_lora": True, "lora_rank": service.lora_ranks.get(model_id)}
+
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         body = await json_body(request, "save_weights")
         path = f"tinker://{body['model_id']}/weights/{body['path']}"
         service.checkpoints[path] = service.models[body["model_id"]].logits.copy()
         return service.future({"path": path, "type": "save_weights"}, body["model_id"])
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request) -> dict[str, Any]:
-        body = await json_body(request, "load_weights")
-        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-        model = UnigramModel(service.vocab_size)
-        model.logits = service.checkpoints[body["path"]].copy()
-        service.models[model_id] = model
-        return service.future({"path": body["path"], "model_id": model_id, "type": "load_weights"}, model_id)
-
-    @app.post("/api/v1/asample")
-    async def asample(request: Request) -> dict[str, Any]:
-        body = await json_body(request, "asample")
-        count = int(body.get("num_samples", 1))
-        ids = [uuid.uuid4().hex for _ in range(count)]
-        return service.future(service.sample(body), None, sample_sequence_ids=ids)
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
@@ -290,7 +392,7 @@ class LoopbackServer:
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self.url = f"http://127.0.0.1:{port}"
 
-    def __enter__(self) -> LoopbackServer:
+    def __enter__(self) -> "LoopbackServer":
         self._thread.start()
         deadline = time.monotonic() + 20
         while not self._server.started:

@@ -52,6 +52,40 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class BackendWarning:
+    """Something the run should know about the backend, e.g. a parameter the training server ignores."""
+
+    code: str  # stable: parameter_ignored
+    message: str
+    parameter: str | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        return {"code": self.code, "parameter": self.parameter, "message": self.message}
+
+
+class WarningLog:
+    """Warnings raised from any thread (training or sampling), each (code, parameter) once, drained by the loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, str | None]] = set()
+        self._pending: list[BackendWarning] = []
+
+    def add(self, warning: BackendWarning) -> None:
+        with self._lock:
+            key = (warning.code, warning.parameter)
+            if key in self._seen:
+                return
+            self._seen.add(key)
+            self._pending.append(warning)
+
+    def drain(self) -> list[BackendWarning]:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        return pending
+
+
+@dataclass(frozen=True)
 class PublishedWeights:
     version: int = 0  # the training step the weights come from
     reference: str | None = None  # remote sampler handle, or None when published in-process
@@ -109,6 +143,10 @@ class TrainingBackend(ABC):
     @abstractmethod
     def sample(self, request: SamplingRequest) -> list[Completion]:
         """`request.n` completions from the newest published weights."""
+
+    def drain_warnings(self) -> list[BackendWarning]:
+        """Warnings raised since the last call, for the run's state and metrics."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release remote sessions or other resources."""

@@ -1,25 +1,40 @@
-"""The `tinker` backend: the Tinker training service through the `tinker` SDK.
+"""The `tinker` backend: the Tinker training service, or a self-hosted server speaking its protocol (SkyRL),
+through the pinned `tinker` SDK.
 
 The service URL comes from `TINKER_BASE_URL` (any server speaking the Tinker protocol) or the SDK default; the
 key from `TINKER_API_KEY`, passed in the environment only. After each step the weights are saved for sampling
-and the inference server switches to the new sampling client.
+and the inference server switches to the new sampling client. The protocol version (`current` or `legacy`) is
+chosen by `tinker.protocol` or detected from the server (tinker_protocol.py); the two differ only in resume,
+sampling and closing, each of which is one method here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import (
+    BackendWarning,
     Checkpoint,
     Completion,
     ForwardBackwardResult,
     PublishedWeights,
     SamplingRequest,
     TrainingBackend,
+    WarningLog,
+)
+from trainer.backends.tinker_protocol import (
+    SentParameter,
+    choose_protocol,
+    describe_server,
+    ignored_parameters,
 )
 from trainer.config import TrainerConfig
 from trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
@@ -58,19 +73,117 @@ class TinkerBackend(TrainingBackend):
         if not config.base_model:
             raise BackendConfigurationError("tinker.base_model must name a Tinker base model")
         self._tinker = tinker
-        self.model_name = config.base_model
+        self._config = config
+        self.model_name: str = config.base_model
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_name or config.base_model)
+        self._warnings = WarningLog()
+        self._server = describe_server(os.environ.get("TINKER_BASE_URL"))
+        self.protocol, reason = choose_protocol(config.protocol, self._server)
+        log.info("tinker protocol: %s (%s)", self.protocol, reason)
+        self._warn_ignored(self._configured_parameters())
         self._service = tinker.ServiceClient(display_name=config.wandb_run_name)
-        if resume_from is not None:
-            future = self._service.create_training_client_from_state_with_optimizer(resume_from.path)
+        if resume_from is None:
+            self._training = self._create_lora_client(config.lora_rank)
         else:
-            future = self._service.create_lora_training_client(
-                base_model=config.base_model, rank=config.lora_rank, seed=config.seed
-            )
-        self._training = future.result(timeout=RESULT_TIMEOUT_S)
+            self._training = self._resume(resume_from.path)
         self._sampler_lock = threading.Lock()
         self._sampler: tinker.SamplingClient | None = None
+        self._legacy_sample_ids = itertools.count(1)
         log.info("tinker training client ready for %s (model id %s)", config.base_model, self._training.model_id)
+
+    # --- protocol-dependent calls -----------------------------------------------------------------
+
+    def _create_lora_client(self, rank: int):
+        future = self._service.create_lora_training_client(
+            base_model=self.model_name, rank=rank, seed=self._config.seed
+        )
+        return future.result(timeout=RESULT_TIMEOUT_S)
+
+    def _resume(self, path: str):
+        """A training client with the weights and optimiser state saved at `path`."""
+        if self.protocol == "current":
+            future = self._service.create_training_client_from_state_with_optimizer(path)
+            return future.result(timeout=RESULT_TIMEOUT_S)
+        # The 0.25 protocol has no create-via-load: create the model with the checkpoint's rank, then load into it
+        # as its first request (what SDK 0.25 did; the 0.38 SDK keeps the call, deprecated, for such servers).
+        info = self._tinker.RestClient().get_weights_info_by_tinker_path(path).result(timeout=RESULT_TIMEOUT_S)
+        training = self._create_lora_client(info.lora_rank or self._config.lora_rank)
+        with _deprecation_notice_silenced():
+            future = training.load_state_with_optimizer(path)
+        future.result(timeout=RESULT_TIMEOUT_S)
+        return training
+
+    def _sample_response(self, sampler, prompt, num_samples: int, params, top_logprobs: int):
+        if self.protocol == "current":
+            future = sampler.sample(
+                prompt=prompt, num_samples=num_samples, sampling_params=params, topk_sample_logprobs=top_logprobs
+            )
+            return future.result(timeout=RESULT_TIMEOUT_S)
+        return self._legacy_sample(sampler, prompt, num_samples, params, top_logprobs)
+
+    def _legacy_sample(self, sampler, prompt, num_samples: int, params, top_logprobs: int):
+        """`asample` + `retrieve_future` with the SDK's own lower-level client and future.
+
+        SDK 0.38's `SamplingClient.sample` asserts that the asample promise carries `sample_sequence_ids`, which a
+        0.25-protocol server never sends; the request and the result are otherwise the same, so only the
+        stamping of sequence ids (which rlctl does not use) is left out.
+        """
+        from tinker.lib.api_future_impl import _APIFuture
+        from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+
+        holder = sampler.holder
+        request = self._tinker.types.SampleRequest(
+            sampling_session_id=sampler._sampling_session_id,
+            seq_id=next(self._legacy_sample_ids),
+            num_samples=num_samples,
+            prompt=prompt,
+            sampling_params=params,
+            topk_sample_logprobs=top_logprobs,
+        )
+
+        async def submit():
+            with holder.aclient(ClientConnectionPoolType.SAMPLE) as client:
+                return await client.sampling.asample(request=request)
+
+        async def sample():
+            promise = await holder.execute_with_retries(submit)
+            future = _APIFuture(self._tinker.types.SampleResponse, holder, promise, time.time(), "Sample")
+            return await future.result_async()
+
+        return holder.run_coroutine_threadsafe(sample()).result(timeout=RESULT_TIMEOUT_S)
+
+    def close(self) -> None:
+        if self.protocol == "legacy":  # no session finish in the 0.25 protocol: it expires without heartbeats
+            return
+        try:
+            self._service.close("success").result(timeout=30)
+        except Exception as error:  # closing is best effort; the session expires without heartbeats
+            log.warning("closing the tinker session failed: %s", error)
+
+    # --- parameters the server ignores ------------------------------------------------------------
+
+    def _configured_parameters(self) -> list[SentParameter]:
+        """What rlctl sends with `create_model` and every `optim_step` (the SDK's defaults for the LoRA flags)."""
+        lora = {"rank": self._config.lora_rank, "seed": self._config.seed}
+        lora.update(train_mlp=True, train_attn=True, train_unembed=True)
+        adam = {"learning_rate": self._config.learning_rate, "beta1": ADAM_BETA1, "beta2": ADAM_BETA2}
+        adam.update(eps=ADAM_EPS, weight_decay=0.0, grad_clip_norm=0.0)
+        return [
+            SentParameter("/api/v1/create_model", ("lora_config",), name, value) for name, value in lora.items()
+        ] + [SentParameter("/api/v1/optim_step", ("adam_params",), name, value) for name, value in adam.items()]
+
+    def _warn_ignored(self, sent: list[SentParameter]) -> None:
+        for parameter in ignored_parameters(self._server, sent):
+            self._warn_parameter(
+                parameter.label, parameter.value, f"its schema for {parameter.route} has no such field"
+            )
+
+    def _warn_parameter(self, label: str, value: Any, evidence: str) -> None:
+        message = f"the training server ignores {label} (rlctl sends {value!r}): {evidence}"
+        self._warnings.add(BackendWarning(code="parameter_ignored", message=message, parameter=label))
+
+    def drain_warnings(self) -> list[BackendWarning]:
+        return self._warnings.drain()
 
     def _datum(self, datum: TrainingDatum, with_advantages: bool) -> tinker.Datum:
         types = self._tinker.types
@@ -131,12 +244,13 @@ class TinkerBackend(TrainingBackend):
             stop=stop,
             seed=request.seed,
         )
-        response = sampler.sample(
-            prompt=types.ModelInput.from_ints(list(request.prompt_tokens)),
-            num_samples=request.n,
-            sampling_params=params,
-            topk_sample_logprobs=request.top_logprobs,
-        ).result(timeout=RESULT_TIMEOUT_S)
+        prompt = types.ModelInput.from_ints(list(request.prompt_tokens))
+        if request.top_logprobs:
+            self._warn_ignored([SentParameter("/api/v1/asample", (), "topk_sample_logprobs", request.top_logprobs)])
+        response = self._sample_response(sampler, prompt, request.n, params, request.top_logprobs)
+        if request.top_logprobs and any(sequence.topk_logprobs is None for sequence in response.sequences):
+            evidence = "a sample that asked for top-k logprobs came back without them"
+            self._warn_parameter("topk_sample_logprobs", request.top_logprobs, evidence)
         return [self._completion(sequence, request) for sequence in response.sequences]
 
     def _completion(self, sequence: tinker.SampledSequence, request: SamplingRequest) -> Completion:
@@ -154,11 +268,19 @@ class TinkerBackend(TrainingBackend):
             matched_stop=matched,
         )
 
-    def close(self) -> None:
-        try:
-            self._service.close("success").result(timeout=30)
-        except Exception as error:  # closing is best effort; the session expires without heartbeats
-            log.warning("closing the tinker session failed: %s", error)
+
+@contextlib.contextmanager
+def _deprecation_notice_silenced() -> Iterator[None]:
+    """The SDK warns and logs an error when `load_state*` is called; for a 0.25-protocol server it is the only way."""
+    sdk_log = logging.getLogger("tinker.lib.public_interfaces.training_client")
+    level = sdk_log.level
+    sdk_log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        sdk_log.setLevel(level)
 
 
 def _importance_sampling_loss(data: Sequence[TrainingDatum], logprobs: Sequence[Sequence[float]]) -> float:
