@@ -1,10 +1,11 @@
 """A run's three processes: started in order, watched together, stopped in reverse order.
 
 Fate sharing (docs/RUNS.md#fate-sharing): when the trainer ends, the run ends (completed when it finished its
-steps, failed otherwise); when the API ends, the run fails; when the environment ends cleanly, the trainer drains
-the queued batches and the run ends as the trainer does, or fails if it does not within the drain time-out (a
-crashed environment fails the run). A stop request, also during start-up, stops whatever was started. The
-caller receives events and keeps the records.
+steps, failed otherwise); when the API ends, the run fails; when the environment exits with code 0, the trainer
+drains the queued batches and the run ends as the trainer does, or fails if it does not within the drain
+time-out; an environment killed by a signal or exiting non-zero fails the run at once, naming the environment.
+A stop request, also during start-up, stops whatever was started. The caller receives events and keeps the
+records.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ OutcomeStatus = Literal["completed", "stopped", "failed"]
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # process_exited | readiness_timeout | startup_error | drain_timeout (docs/RUNS.md#failure-kinds)
+    # process_exited | readiness_timeout | startup_error | drain_timeout, or the kind a process reported
+    # (sampling_failed, training_failed) (docs/RUNS.md#failure-kinds)
+    kind: str
     message: str
     process: str | None = None
     exit_code: int | None = None
@@ -63,6 +66,8 @@ class RunPlan:
     specs: list[ProcessSpec]  # in start order
     progress: Callable[[], object]  # changes whenever training advances (e.g. the last step)
     finished_steps: Callable[[str], bool | None]  # did this role finish its work? None: cannot tell
+    # The (kind, message) a role reported for its own failure (the trainer's failure budgets); None: none.
+    reported_failure: Callable[[str], tuple[str, str] | None] = lambda role: None
     scrub: Callable[[str], str] = lambda text: text
     stop_grace_s: float = 10.0
     poll_interval_s: float = 1.0
@@ -186,7 +191,7 @@ class RunSupervisor:
             return self._trainer_outcome(trainer)
         if api is not None:
             return self._failed("process_exited", f"api {api.describe()}", API, api)
-        if env is not None and env.code not in (0, None):
+        if env is not None and not _may_drain(env):
             return self._failed("process_exited", f"env {env.describe()}", ENV, env)
         return None
 
@@ -199,6 +204,10 @@ class RunSupervisor:
         message = f"trainer {status.describe()}"
         if status.code == 0:
             message += " before finishing its steps"
+        reported = self.plan.reported_failure(TRAINER) if status.code != 0 else None
+        if reported is not None:
+            kind, reason = reported
+            return self._failed(kind, f"{message}: {reason}", TRAINER, status)
         return self._failed("process_exited", message, TRAINER, status)
 
     def _failed(self, kind: str, message: str, role: str | None = None, status: ExitStatus | None = None) -> Outcome:
@@ -231,6 +240,14 @@ class RunSupervisor:
             return
         self._reported.add(role)
         self.events.process_exited(self.processes[role], status)
+
+
+def _may_drain(status: ExitStatus) -> bool:
+    """Only a clean end of the environment lets the trainer drain: exit code 0, or an exit seen out of sight
+    (an adopted process, code and signal both unknown). A signal death is never clean, whatever the signal."""
+    if status.signal is not None:
+        return False
+    return status.code in (0, None)
 
 
 def read_tail(path: Path, lines: int) -> list[str]:

@@ -146,6 +146,19 @@ def test_a_trainer_exiting_nonzero_fails_the_run(tmp_path: Path, supervisors: li
     assert events.outcome.status == "failed" and events.outcome.failure.exit_code == 7
 
 
+def test_a_failure_kind_the_trainer_reports_is_the_runs(tmp_path: Path, supervisors: list) -> None:
+    specs = three(tmp_path, trainer_args=("--exit-after", "1", "--code", "1"))
+    reported = ("sampling_failed", "5 consecutive sampling calls failed (budget 5)")
+    supervisor, events = run(
+        supervisors, plan(specs, reported_failure=lambda role: reported if role == TRAINER else None)
+    )
+    assert events.done.wait(60)
+    failure = events.outcome.failure
+    assert failure.kind == "sampling_failed" and failure.process == TRAINER and failure.exit_code == 1
+    assert failure.message == "trainer exited with code 1: 5 consecutive sampling calls failed (budget 5)"
+    assert any("exiting with 1" in line for line in failure.log_tail)
+
+
 def test_a_trainer_exiting_zero_before_its_steps_fails(tmp_path: Path, supervisors: list) -> None:
     specs = three(tmp_path, trainer_args=("--exit-after", "1"))
     supervisor, events = run(supervisors, plan(specs, finished_steps=lambda role: False))
@@ -167,6 +180,27 @@ def test_a_crashed_environment_fails_the_run(tmp_path: Path, supervisors: list) 
     supervisor, events = run(supervisors, plan(specs))
     assert events.done.wait(60)
     assert events.outcome.status == "failed" and events.outcome.failure.process == ENV
+
+
+@pytest.mark.parametrize("role", [ENV, API, TRAINER])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_process_killed_by_a_signal_fails_the_run_at_once_naming_it(
+    tmp_path: Path, supervisors: list, role: str, sig: signal.Signals
+) -> None:
+    """Fate sharing by exit status: a signal death is never a clean end. The drain time-out is long, so a run
+    that mistook the killed environment for a clean finish would still be running at the bound below."""
+    supervisor, events = run(supervisors, plan(three(tmp_path), drain_timeout_s=600.0))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    killed_at = time.monotonic()
+    os.kill(supervisor.processes[role].identity.pid, sig)
+    assert events.done.wait(30), f"the run did not end within 30 s of the {role} being killed"
+    assert time.monotonic() - killed_at < 30
+    failure = events.outcome.failure
+    assert events.outcome.status == "failed"
+    assert failure.kind == "process_exited" and failure.process == role
+    assert failure.signal == sig and failure.exit_code is None
+    assert f"killed by signal {sig.name}" in failure.message
+    assert events.exited[role] == ExitStatus(signal=sig)
 
 
 def test_stop_ends_the_run_in_reverse_order(tmp_path: Path, supervisors: list) -> None:
