@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from trainer.defaults import LOCAL_DEFAULTS, TINKER_DEFAULTS
+from trainer.defaults import LOCAL_DEFAULTS, SAMPLING_ERROR_BUDGET, TINKER_DEFAULTS, TRAINING_ERROR_BUDGET
+from trainer.health import HealthRules
 
 BACKENDS = ("local", "tinker")
 TINKER_PROTOCOLS = ("auto", "current", "legacy")  # see trainer/backends/tinker_protocol.py
@@ -44,6 +45,9 @@ class TrainerConfig:
     device: str
     waiting_report_interval_s: float
     batch_poll_interval_s: float
+    sampling_error_budget: int  # consecutive failed sampling calls that fail the run (docs/TRAINER.md)
+    training_error_budget: int  # consecutive failed training steps that fail the run
+    health: HealthRules  # best checkpoint and collapse detection (docs/TRAINER.md#run-health)
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -111,12 +115,30 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         device=_typed(tinker, "device", str, "auto"),
         waiting_report_interval_s=_typed(tinker, "waiting_report_interval_s", float, 10.0),
         batch_poll_interval_s=_typed(tinker, "batch_poll_interval_s", float, 0.2),
+        sampling_error_budget=_typed(tinker, "sampling_error_budget", int, SAMPLING_ERROR_BUDGET),
+        training_error_budget=_typed(tinker, "training_error_budget", int, TRAINING_ERROR_BUDGET),
+        health=_health_rules(tinker),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))
-    for name in ("max_token_trainer_length", "save_checkpoint_interval", "waiting_report_interval_s"):
+    names = ("max_token_trainer_length", "save_checkpoint_interval", "waiting_report_interval_s")
+    for name in (*names, "sampling_error_budget", "training_error_budget"):
         _positive(name, getattr(config, name))
     return config
+
+
+def _health_rules(tinker: dict[str, Any]) -> HealthRules:
+    defaults = HealthRules()
+    rules = HealthRules(
+        metric=_typed(tinker, "best_metric", str, defaults.metric),
+        collapse_drop=_typed(tinker, "collapse_drop", float, defaults.collapse_drop),
+        collapse_steps=_typed(tinker, "collapse_steps", int, defaults.collapse_steps),
+        stop_on_collapse=_typed(tinker, "stop_on_collapse", bool, defaults.stop_on_collapse),
+    )
+    if not 0 < rules.collapse_drop <= 1:
+        raise ConfigError(f"tinker.collapse_drop must be in (0, 1], got {rules.collapse_drop}")
+    _positive("collapse_steps", rules.collapse_steps)
+    return rules
 
 
 def load_config(path: Path) -> TrainerConfig:

@@ -57,3 +57,9 @@ LOCAL_DEFAULTS: BackendDefaults = {
 ADAM_BETA1 = 0.9
 ADAM_BETA2 = 0.95
 ADAM_EPS = 1e-8
+
+# Failure budgets (docs/TRAINER.md#failure-budgets): consecutive failures, with no success between them, that end
+# the run. Sampling calls come by the hundred per step, so one bad request never counts for much; a training
+# step is one call chain, so a few in a row already say the backend is broken.
+SAMPLING_ERROR_BUDGET = 100
+TRAINING_ERROR_BUDGET = 3

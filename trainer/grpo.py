@@ -39,6 +39,7 @@ class TrainingDatum:
 class PreparedBatch:
     data: list[TrainingDatum] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # every rollout in the batch
+    completion_lengths: list[int] = field(default_factory=list)  # completion tokens of every rollout
     trained_advantages: list[float] = field(default_factory=list)  # one per datum
     num_groups: int = 0
     skipped_groups: int = 0
@@ -82,6 +83,7 @@ def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int) -> Prepared
     for group in groups:
         scores = [float(score) for score in group["scores"]]
         batch.rewards.extend(scores)
+        batch.completion_lengths.extend(sum(1 for mask in masks if mask != PROMPT_MASK) for masks in group["masks"])
         advantages = group_advantages(scores)
         if all(abs(value) < 1e-12 for value in advantages):
             batch.skipped_groups += 1
@@ -133,6 +135,7 @@ def step_metrics(
         "train/learning_rate": learning_rate,
         "reward/mean": _mean(batch.rewards),
         "reward/std": _std(batch.rewards),
+        "completion/mean_tokens": _mean([float(length) for length in batch.completion_lengths]),
         "logprobs/mean": _mean(sampler),
         "logprobs/mean_training": _mean(training),
         "logprobs/diff": _mean([t - s for t, s in zip(training, sampler, strict=True)]) if training else 0.0,

@@ -8,20 +8,24 @@ same quantity the trainer computes for the importance-sampling ratio.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainer.backends.base import Completion, SamplingRequest, TrainingBackend
+from trainer.backends.base import Completion, SamplingRequest, SamplingRequestError, TrainingBackend
+from trainer.failures import FailureBudget
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,10 @@ MAX_TOP_LOGPROBS = 20
 
 class InvalidRequest(ValueError):
     """A request the server cannot serve as asked (answered with 400)."""
+
+
+class BackendFailed(RuntimeError):
+    """The training backend failed to sample (answered with 502: the fault is upstream, not the caller's)."""
 
 
 def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -80,15 +88,33 @@ class CompletionRequest(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
 
     model_config = {"extra": "ignore"}
 
 
-class ChatMessage(BaseModel):
-    role: str
-    content: str | None = None
+class ContentPart(BaseModel):
+    type: str
+    text: str | None = None
 
     model_config = {"extra": "allow"}
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    model_config = {"extra": "allow"}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+    model_config = {"extra": "ignore"}
 
 
 class ChatCompletionRequest(BaseModel):
@@ -103,14 +129,57 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
 
     model_config = {"extra": "ignore"}
+
+
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    """An OpenAI message as chat templates expect it: text content (content parts joined; null is empty),
+    tool calls with their arguments as a mapping, and the tool message's call id and name."""
+    if isinstance(message.content, list):
+        kinds = {part.type for part in message.content} - {"text", "input_text"}
+        if kinds:
+            raise InvalidRequest(f"only text content parts are supported, not {sorted(kinds)}")
+        content = "".join(part.text or "" for part in message.content)
+    else:
+        content = message.content or ""
+    rendered: dict[str, Any] = {"role": message.role, "content": content}
+    if message.tool_calls:
+        rendered["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        rendered["name"] = message.name
+    return rendered
+
+
+def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raise InvalidRequest(f"tool call arguments are not JSON: {error}") from error
+    return {"type": call.get("type", "function"), "id": call.get("id"), "function": function}
 
 
 def _openai_error(
     status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
 ) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": code}})
+
+
+def _validation_message(error: RequestValidationError) -> str:
+    """FastAPI's validation errors as one readable line: an OpenAI client shows only the message."""
+    parts = []
+    for problem in error.errors()[:5]:
+        where = ".".join(str(part) for part in problem.get("loc", ()) if part != "body")
+        parts.append(f"{where or 'body'}: {problem.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
 
 
 class UnknownModel(LookupError):
@@ -120,19 +189,31 @@ class UnknownModel(LookupError):
 class InferenceService:
     """Request handling, independent of the HTTP framework's routing."""
 
-    def __init__(self, backend: TrainingBackend, model_names: Sequence[str] = ()) -> None:
+    def __init__(
+        self, backend: TrainingBackend, model_names: Sequence[str] = (), sampling_budget: FailureBudget | None = None
+    ) -> None:
         self.backend = backend
+        self.sampling_budget = sampling_budget
         self.tokenizer = backend.tokenizer
-        # The ids a request may name (like vLLM's --served-model-name); the backend's own comes first.
-        self.model_names = tuple(dict.fromkeys([backend.model_name, *model_names]))
+        # The ids a request may name (like vLLM's --served-model-name): the short ones first (the run's name
+        # and id), then the backend's own, which may be a server path.
+        self.model_names = tuple(dict.fromkeys([*model_names, backend.model_name]))
         # Served requests and completions per endpoint, shown by /health: proof that rollouts flow.
         self.counters: Counter[str] = Counter()
 
     async def sample(self, request: SamplingRequest, endpoint: str) -> list[Completion]:
         try:
             completions = await asyncio.to_thread(self.backend.sample, request)
-        except ValueError as error:
+        except SamplingRequestError as error:
             raise InvalidRequest(str(error)) from error
+        except Exception as error:  # noqa: BLE001 - any backend fault is the upstream's: counted, answered 502
+            log.warning("sampling failed: %s: %s", type(error).__name__, error)
+            self.counters["failed"] += 1
+            if self.sampling_budget is not None:
+                self.sampling_budget.failure(error)
+            raise BackendFailed(f"the training backend failed to sample: {type(error).__name__}: {error}") from error
+        if self.sampling_budget is not None:
+            self.sampling_budget.success()
         self.counters[endpoint] += 1
         self.counters["completions"] += len(completions)
         return completions
@@ -254,9 +335,10 @@ class InferenceService:
 
     async def chat_completions(self, body: ChatCompletionRequest) -> dict[str, Any]:
         self.check_model(body.model)
-        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        messages = [template_message(message) for message in body.messages]
+        tools = [tool.get("function", tool) for tool in body.tools] if body.tools else None
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as error:  # templates raise many kinds of errors for odd conversations
             raise InvalidRequest(f"cannot apply the chat template: {error}") from error
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
@@ -334,14 +416,80 @@ class InferenceService:
         }
 
 
-def create_app(backend: TrainingBackend, model_names: Sequence[str] = ()) -> FastAPI:
-    """`model_names`: extra ids the OpenAI routes answer to, besides the backend's model name."""
-    service = InferenceService(backend, model_names)
+def stream_events(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
+    """A finished response as OpenAI's server-sent events: per choice a first chunk (the role, for chat), its
+    content, and its finish reason; then a chunk with the usage when asked; then `[DONE]`. Sampling is not
+    incremental here, so the text comes in one chunk per choice; clients read it as any stream."""
+    chat = response["object"] == "chat.completion"
+    envelope = {
+        "id": response["id"],
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": response["created"],
+        "model": response["model"],
+    }
+
+    def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        chunk = {**envelope, "choices": choices}
+        if include_usage:
+            chunk["usage"] = usage
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    for choice in response["choices"]:
+        index = choice["index"]
+        if chat:
+            message = choice["message"]
+            yield event([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            delta = {"content": message["content"]}
+            yield event([{"index": index, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}])
+            yield event([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
+        else:
+            yield event(
+                [{"index": index, "text": choice["text"], "logprobs": choice["logprobs"], "finish_reason": None}]
+            )
+            yield event([{"index": index, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}])
+    if include_usage:
+        yield event([], response["usage"])
+    yield "data: [DONE]\n\n"
+
+
+def _maybe_streamed(
+    response: dict[str, Any], stream: bool, options: StreamOptions | None
+) -> dict[str, Any] | StreamingResponse:
+    if not stream:
+        return response
+    include_usage = options is not None and options.include_usage
+    return StreamingResponse(stream_events(response, include_usage), media_type="text/event-stream")
+
+
+def create_app(
+    backend: TrainingBackend, model_names: Sequence[str] = (), sampling_budget: FailureBudget | None = None
+) -> FastAPI:
+    """`model_names`: extra ids the OpenAI routes answer to, besides the backend's model name. Every error is
+    answered in OpenAI's shape `{"error": {"message", "type", "code"}}`, never a bare 500."""
+    service = InferenceService(backend, model_names, sampling_budget)
     app = FastAPI(title="rlctl inference server", docs_url=None, redoc_url=None)
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, error: InvalidRequest) -> JSONResponse:
         return _openai_error(400, str(error))
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed_request(_: Request, error: RequestValidationError) -> JSONResponse:
+        return _openai_error(400, _validation_message(error), code="invalid_request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return _openai_error(error.status_code, str(error.detail), kind)
+
+    @app.exception_handler(BackendFailed)
+    async def backend_failed(_: Request, error: BackendFailed) -> JSONResponse:
+        return _openai_error(502, str(error), "server_error", code="backend_error")
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception) -> JSONResponse:
+        log.exception("inference request failed")
+        return _openai_error(500, f"internal error: {type(error).__name__}", "server_error", code="internal_error")
 
     @app.exception_handler(UnknownModel)
     async def unknown_model(_: Request, error: UnknownModel) -> JSONResponse:
@@ -356,22 +504,30 @@ def create_app(backend: TrainingBackend, model_names: Sequence[str] = ()) -> Fas
             "served": dict(service.counters),
         }
 
+    def model_entry(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "rlctl"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entries = [{"id": name, "object": "model", "created": 0, "owned_by": "rlctl"} for name in service.model_names]
-        return {"object": "list", "data": entries}
+        return {"object": "list", "data": [model_entry(name) for name in service.model_names]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        service.check_model(model)
+        return model_entry(model)
 
     @app.post("/generate", response_model=None)
     async def generate(body: GenerateRequest) -> dict[str, Any] | list[dict[str, Any]]:
         return await service.generate(body)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> dict[str, Any]:
-        return await service.completions(body)
+    # A stream starts only once sampling has succeeded, so every error is still an ordinary JSON error body.
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> dict[str, Any] | StreamingResponse:
+        return _maybe_streamed(await service.completions(body), body.stream, body.stream_options)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any]:
-        return await service.chat_completions(body)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any] | StreamingResponse:
+        return _maybe_streamed(await service.chat_completions(body), body.stream, body.stream_options)
 
     return app
 

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ from trainer.atropos import AtroposClient, NotRegistered, Registration
 from trainer.backends import make_backend
 from trainer.backends.base import TrainingBackend
 from trainer.config import TrainerConfig
+from trainer.failures import COLLAPSED, SAMPLING_FAILED, TRAINING_FAILED, FailureBudget, TrainingHalted
 from trainer.grpo import prepare_batch, step_metrics
+from trainer.health import Collapse, RunHealth, best_checkpoint
 from trainer.inference_server import InferenceServer, create_app
 from trainer.outputs import MetricsWriter, TrainerState, TrainerStateStore, WandbMirror
 
@@ -129,6 +131,9 @@ class Trainer:
         self.server: InferenceServer | None = None
         self.wandb = WandbMirror(None)
         self.atropos = AtroposClient(config.rollout_server_url)
+        self.sampling_budget = FailureBudget(SAMPLING_FAILED, config.sampling_error_budget, "sampling calls")
+        self.training_budget = FailureBudget(TRAINING_FAILED, config.training_error_budget, "training steps")
+        self.health = RunHealth(config.health, self.state.health)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -138,10 +143,13 @@ class Trainer:
             self._train()
             self._finish("stopped" if self.stop.requested else "completed")
             return 0
+        except TrainingHalted as error:
+            log.error("trainer failed: %s: %s", error.kind, error)
+            self._fail(str(error), error.kind)
+            return 1
         except Exception as error:
             log.exception("trainer failed")
-            self.state.status, self.state.error = "failed", f"{type(error).__name__}: {error}"
-            self.state_store.save(self.state)
+            self._fail(f"{type(error).__name__}: {error}")
             return 1
         finally:
             self._shutdown()
@@ -151,14 +159,16 @@ class Trainer:
         resume_from = self.state.last_checkpoint()
         self.state.step = resume_from.step if resume_from else 0
         self.state.total_steps, self.state.backend = config.total_steps, config.backend
-        self.state.status, self.state.error = "running", None
+        self.state.status, self.state.error, self.state.failure_kind = "running", None, None
         self.state_store.save(self.state)
         if resume_from:
             log.info("resuming from the checkpoint of step %d (%s)", resume_from.step, resume_from.path)
         self.backend = make_backend(config, resume_from)
         self.state.base_model = self.backend.model_name
         self.backend.publish_weights(self.state.step)
-        self.server = InferenceServer(create_app(self.backend), config.inference_host, config.inference_port)
+        short_names = (config.wandb_run_name, config.run_dir.name)  # the run's name and id (docs/TRAINER.md)
+        app = create_app(self.backend, short_names, sampling_budget=self.sampling_budget)
+        self.server = InferenceServer(app, config.inference_host, config.inference_port)
         self.server.start()
         self.metrics = MetricsWriter(config.run_dir)
         self._start_wandb()
@@ -181,6 +191,9 @@ class Trainer:
         self.state.wandb_run_name = self.wandb.run_name
         self.state.wandb_url = self.wandb.run_url
         self.state.wandb_run_id = self.wandb.run_id
+        warning = self.wandb.warning()
+        if warning is not None and self.state.add_warning(warning):
+            log.warning("%s", warning["message"])
 
     def _register(self) -> None:
         config = self.config
@@ -207,22 +220,23 @@ class Trainer:
             if groups is None:
                 break
             step = self.state.step + 1
-            report = train_on_batch(
-                self.backend,
-                groups,
-                step,
-                self.config.learning_rate,
-                self.config.max_token_trainer_length,
-                timings,
-            )
+            report = self._train_step(groups, step, timings)
+            if report is None:
+                continue
             self.metrics.step(step, report.metrics)
             self.wandb.log(step, report.metrics)
             self.state.step = step
             self.state.waiting_for_rollouts_s = None
+            collapse = self.health.observe(step, report.metrics)
             if step % self.config.save_checkpoint_interval == 0 or step == self.config.total_steps:
                 self._checkpoint(step)
+            if collapse is not None:
+                self._flag_collapse(collapse)
             self._record_warnings()
+            self.state.health = self.health.snapshot()
             self.state_store.save(self.state)
+            if collapse is not None and self.config.health.stop_on_collapse:
+                raise TrainingHalted(COLLAPSED, f"stopped on collapse: {collapse.describe()}")
             log.info(
                 "step %d/%d reward/mean %.3f loss %.4f (%.2f s)",
                 step,
@@ -232,12 +246,31 @@ class Trainer:
                 report.metrics["time/step_s"],
             )
 
+    def _train_step(self, groups: list[dict[str, Any]], step: int, timings: StepTimings) -> StepReport | None:
+        """One step, or None when it failed within the training budget (its batch is dropped, the gradients it
+        may have accumulated discarded, and the next batch trained as the same step)."""
+        assert self.backend is not None and self.metrics is not None
+        try:
+            report = train_on_batch(
+                self.backend, groups, step, self.config.learning_rate, self.config.max_token_trainer_length, timings
+            )
+        except Exception as error:  # noqa: BLE001 - counted against the budget, which decides
+            log.warning("training step %d failed: %s: %s", step, type(error).__name__, error)
+            self.training_budget.failure(error)
+            self.metrics.event(self.state.step, "training_failed", error=f"{type(error).__name__}: {error}")
+            self.training_budget.check()
+            self.backend.discard_gradients()
+            return None
+        self.training_budget.success()
+        return report
+
     def _wait_for_batch(self, timings: StepTimings) -> list[dict[str, Any]] | None:
         """The next batch, or None when a stop was requested first. Long waits go to the log and metrics."""
         started = time.monotonic()
         next_report = started + self.config.waiting_report_interval_s
         unreachable_since: float | None = None
         while not self.stop.requested:
+            self.sampling_budget.check()  # rollouts cannot come while every sample fails: fail now, not stall
             try:
                 groups = self.atropos.get_batch()
                 unreachable_since = None
@@ -286,10 +319,17 @@ class Trainer:
                 log.warning("%s", warning.message)
                 self.metrics.warning(self.state.step, record)
 
+    def _flag_collapse(self, collapse: Collapse) -> None:
+        assert self.metrics is not None
+        log.warning("the run collapsed: %s", collapse.describe())
+        self.state.collapse = asdict(collapse)
+        self.metrics.event(self.state.step, "collapse", **asdict(collapse))
+
     def _checkpoint(self, step: int) -> None:
         assert self.backend is not None
         checkpoint = self.backend.save_checkpoint(step)
-        self.state.add_checkpoint(checkpoint)
+        self.state.add_checkpoint(checkpoint, self.health.checkpoint_value())
+        self.state.best_checkpoint = best_checkpoint(self.state.checkpoints)
         log.info("checkpoint of step %d saved to %s", step, checkpoint.path)
 
     def _finish(self, status: str) -> None:
@@ -301,6 +341,10 @@ class Trainer:
         self.state.waiting_for_rollouts_s = None
         self.state_store.save(self.state)
         log.info("trainer %s at step %d/%d", status, self.state.step, self.config.total_steps)
+
+    def _fail(self, message: str, kind: str | None = None) -> None:
+        self.state.status, self.state.error, self.state.failure_kind = "failed", message, kind
+        self.state_store.save(self.state)
 
     def _shutdown(self) -> None:
         self.wandb.finish(0 if self.state.status in ("completed", "stopped") else 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ class MetricsWriter:
             }
         )
 
+    def event(self, step: int, name: str, **fields: Any) -> None:
+        self._append({"event": name, "time": time.time(), "step": step, **fields})
+
     def warning(self, step: int, record: dict[str, Any]) -> None:
         self._append({"event": "warning", "time": time.time(), "step": step, **record})
 
@@ -67,6 +71,10 @@ class TrainerState:
     waiting_for_rollouts_s: float | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)  # BackendWarning records, each once per run
     error: str | None = None
+    failure_kind: str | None = None  # sampling_failed, training_failed, collapsed (docs/TRAINER.md), else None
+    best_checkpoint: dict[str, Any] | None = None  # the checkpoint with the best value of the run's metric
+    collapse: dict[str, Any] | None = None  # set once a collapse is detected (trainer/health.py)
+    health: dict[str, Any] | None = None  # RunHealth's state, for a resume
     updated_at: float = 0.0
 
     def last_checkpoint(self) -> Checkpoint | None:
@@ -83,9 +91,10 @@ class TrainerState:
         self.warnings.append(record)
         return True
 
-    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def add_checkpoint(self, checkpoint: Checkpoint, value: float | None = None) -> None:
+        """`value`: the run's metric over the steps since the checkpoint before (ranks the checkpoints)."""
         self.checkpoints = [entry for entry in self.checkpoints if entry["step"] != checkpoint.step]
-        self.checkpoints.append(checkpoint.as_record())
+        self.checkpoints.append({**checkpoint.as_record(), "value": value})
         self.weights = checkpoint.weights
 
 
@@ -114,11 +123,20 @@ def wandb_configured() -> bool:
     return bool(os.environ.get("WANDB_API_KEY")) or os.environ.get("WANDB_MODE") == "offline"
 
 
-class WandbMirror:
-    """Logs each step's metrics to W&B when it is configured; a W&B failure never stops training."""
+WANDB_FINISH_TIMEOUT_S = 30.0
 
-    def __init__(self, run: Any | None) -> None:
+
+class WandbMirror:
+    """Logs each step's metrics to W&B when it is configured; W&B never blocks or fails training.
+
+    When W&B cannot start online (unreachable, key rejected, init time-out), the mirror starts offline in the run
+    directory, and `offline_reason` says why (a run warning); when it cannot start at all, there is no mirror.
+    """
+
+    def __init__(self, run: Any | None, offline_reason: str | None = None, offline_dir: Path | None = None) -> None:
         self._run = run
+        self.offline_reason = offline_reason
+        self.offline_dir = offline_dir
 
     @classmethod
     def start(
@@ -126,22 +144,41 @@ class WandbMirror:
     ) -> WandbMirror:
         if not wandb_configured():
             return cls(None)
+        arguments: dict[str, Any] = {
+            "project": project,
+            "name": name,
+            "group": group,
+            "dir": str(run_dir),
+            "config": config,
+            "id": resume_id,
+            "resume": "allow" if resume_id else None,
+        }
         try:
             import wandb
-
-            run = wandb.init(
-                project=project,
-                name=name,
-                group=group,
-                dir=str(run_dir),
-                config=config,
-                id=resume_id,
-                resume="allow" if resume_id else None,
-            )
-            return cls(run)
+        except ImportError as error:
+            log.warning("W&B is configured but cannot be imported (%s); continuing without it", error)
+            return cls(None, f"W&B cannot be imported ({error})")
+        try:
+            return cls(wandb.init(**arguments))
         except Exception as error:  # W&B is a mirror; metrics.jsonl stays the record
-            log.warning("W&B is configured but could not start (%s); continuing without it", error)
-            return cls(None)
+            reason = f"W&B could not start online ({type(error).__name__}: {error})"
+        log.warning("%s; logging offline in %s", reason, run_dir / "wandb")
+        try:
+            return cls(wandb.init(**arguments, mode="offline"), reason, run_dir / "wandb")
+        except Exception as error:
+            log.warning("W&B could not start offline either (%s); continuing without it", error)
+            return cls(None, f"{reason}; offline too ({type(error).__name__})")
+
+    def warning(self) -> dict[str, Any] | None:
+        """The run warning for a mirror that fell back to offline (or to nothing)."""
+        if self.offline_reason is None:
+            return None
+        where = f"; offline files in {self.offline_dir} (sync with `wandb sync {self.offline_dir}/offline-run-*`)"
+        return {
+            "code": "wandb_offline",
+            "parameter": None,
+            "message": self.offline_reason + (where if self.offline_dir else "") + "; the run's metrics are complete",
+        }
 
     @property
     def run_name(self) -> str | None:
@@ -149,7 +186,9 @@ class WandbMirror:
 
     @property
     def run_url(self) -> str | None:
-        return getattr(self._run, "url", None) if self._run is not None else None
+        if self._run is None or self.offline_dir is not None:
+            return None
+        return getattr(self._run, "url", None)
 
     @property
     def run_id(self) -> str | None:
@@ -163,10 +202,20 @@ class WandbMirror:
         except Exception as error:
             log.warning("W&B log failed at step %d: %s", step, error)
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, timeout_s: float = WANDB_FINISH_TIMEOUT_S) -> None:
+        """Finish the W&B run, waiting at most `timeout_s`: an upload stuck on an outage never holds the exit."""
         if self._run is None:
             return
-        try:
-            self._run.finish(exit_code=exit_code)
-        except Exception as error:
-            log.warning("W&B finish failed: %s", error)
+        run = self._run
+
+        def finish() -> None:
+            try:
+                run.finish(exit_code=exit_code)
+            except Exception as error:
+                log.warning("W&B finish failed: %s", error)
+
+        thread = threading.Thread(target=finish, name="wandb-finish", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            log.warning("W&B did not finish within %.0f s; leaving its upload behind", timeout_s)

@@ -25,9 +25,21 @@ UNKNOWN_TOKEN = "<unk>"
 PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 
 # ChatML, the format Qwen models use; `add_generation_prompt` opens the assistant turn.
+# ChatML, as Qwen3 writes it: the tools in a system turn, an assistant's tool calls as <tool_call> blocks, a tool's
+# answer as its own turn. A conversation without tools renders exactly as plain ChatML.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n# Tools\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools><|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set function = call['function'] if call.get('function') else call %}"
+    "{% set arguments = function['arguments'] if function['arguments'] is string else function['arguments'] | tojson %}"
+    "{{ '\n<tool_call>\n{\"name\": ' + (function['name'] | tojson) }}"
+    "{{ ', \"arguments\": ' + arguments + '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

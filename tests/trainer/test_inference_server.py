@@ -15,6 +15,7 @@ import pytest
 from tests.support.live import free_port
 from trainer.backends.local import LocalBackend
 from trainer.config import parse_config
+from trainer.failures import SAMPLING_FAILED, FailureBudget
 from trainer.inference_server import InferenceServer, create_app
 
 ALIAS = "tiny/alias-model"
@@ -49,14 +50,14 @@ def test_health_and_models(served: tuple[str, LocalBackend]) -> None:
     health = httpx.get(f"{url}/health").json()
     assert health["status"] == "ok" and health["weights_version"] == 7
     models = httpx.get(f"{url}/v1/models").json()
-    assert [entry["id"] for entry in models["data"]] == [backend.model_name, ALIAS]
+    assert [entry["id"] for entry in models["data"]] == [ALIAS, backend.model_name]  # the short name first
 
 
 def test_generate_answers_in_sglang_shape(served: tuple[str, LocalBackend]) -> None:
     url, backend = served
     prompt = backend.tokenizer.encode("Echo: 12", add_special_tokens=False)
     params = {"n": 3, "max_new_tokens": 5, "temperature": 1.0, "stop": None}
-    many = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": params}).json()
+    many = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": params}, timeout=120).json()
     assert isinstance(many, list) and len(many) == 3
     for result in many:
         meta = result["meta_info"]
@@ -67,7 +68,7 @@ def test_generate_answers_in_sglang_shape(served: tuple[str, LocalBackend]) -> N
         assert meta["finish_reason"]["type"] in ("stop", "length")
         if meta["finish_reason"]["type"] == "length":
             assert len(triples) == 5
-    one = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {"n": 1}}).json()
+    one = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {"n": 1}}, timeout=120).json()
     assert isinstance(one, dict) and "meta_info" in one  # a single object for n = 1, as SGLang answers
     served_counts = httpx.get(f"{url}/health").json()["served"]
     assert served_counts["generate"] >= 2 and served_counts["completions"] >= 4
@@ -155,3 +156,131 @@ def test_unknown_model_is_a_404_and_served_names_answer(served: tuple[str, Local
     assert aliased.model == ALIAS and len(aliased.choices) == 1
     unnamed = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}).json()
     assert unnamed["model"] == backend.model_name
+
+
+def test_openai_client_streams_chat_with_usage_in_the_last_chunk(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    messages = [{"role": "user", "content": "Echo: 93"}]
+    chunks = list(
+        client.chat.completions.create(
+            model=ALIAS, messages=messages, max_tokens=4, n=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks, "a stream with no chunks"
+    by_choice: dict[int, list] = {}
+    for chunk in chunks[:-1]:
+        assert chunk.object == "chat.completion.chunk" and chunk.usage is None and chunk.model == ALIAS
+        for choice in chunk.choices:
+            by_choice.setdefault(choice.index, []).append(choice)
+    assert sorted(by_choice) == [0, 1]
+    completion_tokens = 0
+    for choices in by_choice.values():
+        assert choices[0].delta.role == "assistant"
+        assert choices[-1].finish_reason in ("stop", "length")
+        text = "".join(choice.delta.content or "" for choice in choices)
+        completion_tokens += len(backend.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert last.usage.completion_tokens >= 2  # at least one token per choice
+
+    plain = list(client.completions.create(model=ALIAS, prompt="Echo: 5", max_tokens=3, stream=True))
+    assert plain and plain[-1].choices[0].finish_reason in ("stop", "length")
+    assert all(chunk.usage is None for chunk in plain)
+
+
+def test_content_parts_tool_calls_and_tools_reach_the_chat_template(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup_number",
+                "description": "Look a number up.",
+                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            },
+        }
+    ]
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup_number", "arguments": '{"n": 42}'}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Echo: "}, {"type": "text", "text": "42"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "forty-two"},
+    ]
+    response = client.chat.completions.create(model=ALIAS, messages=messages, tools=tools, max_tokens=2)
+    rendered = backend.tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": "Echo: 42"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "id": "call_1", "function": {"name": "lookup_number", "arguments": {"n": 42}}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "forty-two"},
+        ],
+        tools=[tools[0]["function"]],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert "lookup_number" in rendered and "forty-two" in rendered and '"n": 42' in rendered
+    assert response.usage.prompt_tokens == len(backend.tokenizer.encode(rendered, add_special_tokens=False))
+    with pytest.raises(openai.BadRequestError, match="only text content parts"):
+        client.chat.completions.create(
+            model=ALIAS,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        )
+
+
+def test_errors_are_openai_shaped_and_models_can_be_retrieved(served: tuple[str, LocalBackend]) -> None:
+    url, backend = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
+    assert client.models.retrieve(ALIAS).id == ALIAS
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("no-such-model")
+    malformed = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"content": "no role"}]})
+    assert malformed.status_code == 400
+    error = malformed.json()["error"]
+    assert error["type"] == "invalid_request_error" and "messages.0.role" in error["message"]
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=ALIAS, messages=[])
+    missing = httpx.get(f"{url}/v1/no-such-endpoint")
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+class _FailingBackend:
+    """The served backend with sampling broken, as an upstream fault would break it."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._backend, name)
+
+    def sample(self, request: object) -> list:
+        raise ConnectionError("the sampling service went away")
+
+
+def test_backend_failures_are_502_in_openai_shape_and_count_against_the_budget(
+    served: tuple[str, LocalBackend],
+) -> None:
+    _url, backend = served
+    budget = FailureBudget(SAMPLING_FAILED, 2, "sampling calls")
+    port = free_port()
+    server = InferenceServer(create_app(_FailingBackend(backend), sampling_budget=budget), "127.0.0.1", port)  # type: ignore[arg-type]
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="local", max_retries=0)
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as raised:
+                client.chat.completions.create(
+                    model=backend.model_name, messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+                )
+            assert raised.value.status_code == 502
+            assert raised.value.body["code"] == "backend_error" and "went away" in raised.value.body["message"]
+    finally:
+        server.stop()
+    assert budget.exhausted and "ConnectionError" in (budget.state().last_error or "")

@@ -142,6 +142,7 @@ class LoopbackTinker:
         self, vocab_size: int, eos_token_id: int | None = None, seed: int = 0, protocol: str = "current"
     ) -> None:
         self.protocol = protocol
+        self.reject_samples = False  # answer every sample with bytes the SDK cannot parse (a broken server)
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: list[tuple[str, Any]] = []
@@ -217,6 +218,8 @@ class LoopbackTinker:
         return self.future(self.sample(body), None, sample_sequence_ids=ids)
 
     def sample(self, body: dict[str, Any]) -> bytes:
+        if self.reject_samples:
+            return b"\xff\xfe not a SampleResponse"
         logits = self.samplers[body["sampling_session_id"]]
         params = body.get("sampling_params", {})
         temperature = float(params.get("temperature", 1.0))

@@ -13,6 +13,11 @@ from trainer.grpo import TrainingDatum
 TopLogprobs = list[tuple[int, float]]
 
 
+class SamplingRequestError(ValueError):
+    """A sampling request the backend cannot serve as asked (empty prompt, longer than the context): the
+    caller's fault, answered 400. Any other exception of `sample` is the backend's fault (docs/TRAINER.md)."""
+
+
 @dataclass(frozen=True)
 class SamplingRequest:
     prompt_tokens: list[int]
@@ -147,6 +152,9 @@ class TrainingBackend(ABC):
     def drain_warnings(self) -> list[BackendWarning]:
         """Warnings raised since the last call, for the run's state and metrics."""
         return []
+
+    def discard_gradients(self) -> None:  # noqa: B027 - optional hook
+        """Forget gradients a failed step may have accumulated, so the next step starts clean."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release remote sessions or other resources."""

@@ -22,6 +22,7 @@ from trainer.backends.base import (
     ForwardBackwardResult,
     PublishedWeights,
     SamplingRequest,
+    SamplingRequestError,
     TrainingBackend,
 )
 from trainer.config import TrainerConfig
@@ -168,6 +169,10 @@ class LocalBackend(TrainingBackend):
             self._optimizer.step()
             self._optimizer.zero_grad(set_to_none=True)
 
+    def discard_gradients(self) -> None:
+        with self._lock:
+            self._optimizer.zero_grad(set_to_none=True)
+
     def publish_weights(self, step: int) -> PublishedWeights:
         # The inference server samples from this very model, so publishing is a version bump under the lock.
         with self._lock:
@@ -205,10 +210,12 @@ class LocalBackend(TrainingBackend):
 
     def sample(self, request: SamplingRequest) -> list[Completion]:
         if not request.prompt_tokens:
-            raise ValueError("the prompt is empty")
+            raise SamplingRequestError("the prompt is empty")
         room = self._max_context - len(request.prompt_tokens)
         if room <= 0:
-            raise ValueError(f"the prompt has {len(request.prompt_tokens)} tokens; the context is {self._max_context}")
+            raise SamplingRequestError(
+                f"the prompt has {len(request.prompt_tokens)} tokens; the context is {self._max_context}"
+            )
         with self._lock, torch.inference_mode():
             return _generate(
                 self.model,
