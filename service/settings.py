@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(10, gt=0, description="How often this replica marks its runs alive.")
     replica_stale_after_s: float = Field(120, gt=0, description="A replica silent this long has died.")
     replica_id: str | None = Field(None, description="This replica's id; default: host name + data dir.")
+    wandb_check_timeout_s: float = Field(5, gt=0, description="Time W&B has to answer the key check of a new run.")
+    wandb_base_url: str | None = Field(
+        None, validation_alias=AliasChoices("WANDB_BASE_URL", "RLCTL_WANDB_BASE_URL"), description="W&B server."
+    )
 
     # --- secrets read from their conventional names (never stored, never returned) ---
     tinker_api_key: SecretStr | None = Field(

@@ -323,7 +323,7 @@ class Trainer:
         assert self.metrics is not None
         log.warning("the run collapsed: %s", collapse.describe())
         self.state.collapse = asdict(collapse)
-        self.metrics.event(self.state.step, "collapse", **asdict(collapse))
+        self.metrics.event(self.state.step, "collapse", collapse=asdict(collapse))
 
     def _checkpoint(self, step: int) -> None:
         assert self.backend is not None

@@ -51,6 +51,9 @@ class Run(Base):
     wandb_run_name: Mapped[str | None] = mapped_column(String(256))
     wandb_url: Mapped[str | None] = mapped_column(String(1024))
     failure: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # How the run reaches W&B ({mode, reason, offline_dir, sync_command}: docs/RUNS.md#wb-mirror).
+    wandb: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    warnings: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # the control plane's, e.g. W&B offline
     stalled: Mapped[bool] = mapped_column(Boolean, default=False)
     last_step: Mapped[int | None] = mapped_column(Integer)
     weights: Mapped[str | None] = mapped_column(String(1024))

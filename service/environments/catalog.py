@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from service.errors import EnvironmentLoadFailed, EnvironmentNotFound
 from service.names import validate_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+# Suffixes a name may carry and still mean the environment without it (the Hermes tools' names).
+ALIAS_SUFFIXES = ("_tinker", "-tinker", "_env")
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,10 @@ class EnvironmentCatalog:
     def get(self, name: str) -> EnvironmentInfo:
         validate_name(name, "environment name")
         environments, _ = self.discover()
-        for env in environments:
-            if env.name == name:
-                return env
+        by_name = {env.name: env for env in environments}
+        resolved = resolve_alias(name, by_name)
+        if resolved is not None:
+            return by_name[resolved]
         raise EnvironmentNotFound(
             f"no environment named {name!r}",
             {"name": name, "available": [e.name for e in environments]},
@@ -164,6 +167,17 @@ def _read_result(output: Path) -> dict[str, Any] | None:
 def _tail(stderr: bytes, lines: int = 5) -> str:
     text = stderr.decode("utf-8", errors="replace").strip().splitlines()
     return " | ".join(text[-lines:]) or "the child process exited without a result"
+
+
+def resolve_alias(name: str, names: Collection[str]) -> str | None:
+    """The environment a name means: itself, else the name less a suffix the Hermes tools use
+    (`gsm8k_tinker` is `gsm8k`; docs/ENVIRONMENTS.md#names-and-aliases); None when it means none."""
+    if name in names:
+        return name
+    for suffix in ALIAS_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in names:
+            return name[: -len(suffix)]
+    return None
 
 
 def _directory_signature(directory: Path) -> tuple[Any, ...]:

@@ -17,6 +17,8 @@ import yaml
 from service.environments.catalog import ConfigSchema, FieldSchema
 from service.errors import FieldLocked, UnknownField, ValidationFailed
 from service.settings import Backend, Settings
+from trainer.defaults import SAMPLING_ERROR_BUDGET, TRAINING_ERROR_BUDGET
+from trainer.health import HealthRules
 
 BACKENDS: tuple[Backend, ...] = tuple(Backend)
 DEFAULT_WANDB_PROJECT = "atropos-tinker"
@@ -67,6 +69,53 @@ class ConfigurableField:
     json_schema: dict[str, Any]
 
 
+# rlctl's own fields of a run, written to the trainer's section (docs/RUNS.md#configuration).
+RUN_FIELDS: tuple[ConfigurableField, ...] = (
+    ConfigurableField(
+        "sampling_error_budget",
+        "int",
+        SAMPLING_ERROR_BUDGET,
+        "Consecutive failed sampling calls that fail the run (sampling_failed).",
+        {"type": "integer", "minimum": 1},
+    ),
+    ConfigurableField(
+        "training_error_budget",
+        "int",
+        TRAINING_ERROR_BUDGET,
+        "Consecutive failed training steps that fail the run (training_failed).",
+        {"type": "integer", "minimum": 1},
+    ),
+    ConfigurableField(
+        "best_metric",
+        "str",
+        HealthRules().metric,
+        "Trainer metric (higher is better) that ranks checkpoints and shows a collapse.",
+        {"type": "string", "minLength": 1},
+    ),
+    ConfigurableField(
+        "collapse_drop",
+        "float",
+        HealthRules().collapse_drop,
+        "A fall of best_metric below best - collapse_drop * |best| ...",
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    ),
+    ConfigurableField(
+        "collapse_steps",
+        "int",
+        HealthRules().collapse_steps,
+        "... held for this many steps in a row (or empty completions as long) flags the run collapsed.",
+        {"type": "integer", "minimum": 1},
+    ),
+    ConfigurableField(
+        "stop_on_collapse",
+        "bool",
+        HealthRules().stop_on_collapse,
+        "End the run (failed, collapsed) once it collapses.",
+        {"type": "boolean"},
+    ),
+)
+
+
 @dataclass(frozen=True)
 class RunPlacement:
     """Where a run lives: allocated by the supervisor, not chosen by the caller."""
@@ -108,6 +157,7 @@ def configurable_fields(
             {"enum": [b.value for b in BACKENDS]},
         ),
         ConfigurableField("wandb_project", "str", DEFAULT_WANDB_PROJECT, "W&B project of the run.", {"type": "string"}),
+        *RUN_FIELDS,
     ]
     for field in schema.fields:
         if field.name in LOCKED_NAMES or field.name in MANAGED_ENV_FIELDS:
@@ -218,6 +268,7 @@ def build_run_config(
             "wandb_project": values["wandb_project"],
             "wandb_run_name": wandb_name,
             "seed": 0,
+            **{field.name: values[field.name] for field in RUN_FIELDS},
         },
         "slurm": False,
         "testing": False,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.runs.paths import RunPaths
+from service.runs.wandb import WandbMode, wandb_environment
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
 from supervisor.process import ProcessSpec
 from supervisor.readiness import atropos_env_registered, http_answers
@@ -26,7 +27,12 @@ class Ports:
 
 
 def process_specs(
-    settings: Settings, paths: RunPaths, ports: Ports, environment_file: Path, backend: str
+    settings: Settings,
+    paths: RunPaths,
+    ports: Ports,
+    environment_file: Path,
+    backend: str,
+    wandb_mode: WandbMode = WandbMode.DISABLED,
 ) -> list[ProcessSpec]:
     api_url = f"http://127.0.0.1:{ports.api}"
     config = str(paths.config)
@@ -43,7 +49,7 @@ def process_specs(
         ProcessSpec(
             role=TRAINER,
             argv=[sys.executable, "-m", "trainer", "--config", config],
-            env=trainer_environment(settings, backend),
+            env=trainer_environment(settings, backend, wandb_mode),
             cwd=REPO_ROOT,
             log_path=paths.log(TRAINER),
             ready=http_answers(f"http://127.0.0.1:{ports.inference}/health"),
@@ -52,7 +58,7 @@ def process_specs(
         ProcessSpec(
             role=ENV,
             argv=[sys.executable, str(environment_file), "serve", "--config", config],
-            env=environment_environment(settings, paths),
+            env=environment_environment(settings, paths, wandb_mode),
             cwd=paths.run_dir,
             log_path=paths.log(ENV),
             ready=atropos_env_registered(api_url),
@@ -61,7 +67,7 @@ def process_specs(
     ]
 
 
-def trainer_environment(settings: Settings, backend: str) -> dict[str, str]:
+def trainer_environment(settings: Settings, backend: str, wandb_mode: WandbMode) -> dict[str, str]:
     """Secrets reach the trainer through its environment only, never a file."""
     env = _base_environment()
     env["RLCTL_DATA_DIR"] = str(settings.data_path)
@@ -69,29 +75,26 @@ def trainer_environment(settings: Settings, backend: str) -> dict[str, str]:
         env["TINKER_API_KEY"] = settings.tinker_api_key.get_secret_value()
     if settings.tinker_base_url:
         env["TINKER_BASE_URL"] = settings.tinker_base_url
-    env.update(_wandb_environment(settings))
+    env.update(wandb_environment(settings, wandb_mode))
     return env
 
 
-def environment_environment(settings: Settings, paths: RunPaths) -> dict[str, str]:
+def environment_environment(settings: Settings, paths: RunPaths, wandb_mode: WandbMode) -> dict[str, str]:
     env = _base_environment()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENV_HOOKS_DIR), env.get("PYTHONPATH", "")]))
     env["RLCTL_ENV_METRICS_PATH"] = str(paths.env_metrics)
     if settings.gsm8k_path:
         env["RLCTL_GSM8K_PATH"] = str(Path(settings.gsm8k_path).expanduser().resolve())
-    env.update(_wandb_environment(settings))
+    env.update(wandb_environment(settings, wandb_mode))
     return env
 
 
-def _wandb_environment(settings: Settings) -> dict[str, str]:
-    if settings.wandb_api_key:
-        return {"WANDB_API_KEY": settings.wandb_api_key.get_secret_value()}
-    if os.environ.get("WANDB_MODE") == "offline":
-        return {"WANDB_MODE": "offline"}
-    return {"WANDB_MODE": "disabled"}
-
-
 def _base_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_")}
+    # WANDB_MODE is the run's to decide (wandb_environment), never inherited from the service's shell.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_") and k != "WANDB_MODE"
+    }
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -22,6 +22,7 @@ from service.runs import lifecycle, metrics
 from service.runs.launch import Ports, process_specs
 from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.runs.paths import RunPaths
+from service.runs.wandb import run_wandb_mode
 from supervisor.process import ExitStatus, Liveness, ProcessIdentity, ProcessSpec, SupervisedProcess, identity_liveness
 from supervisor.run import START_ORDER, TRAINER, Failure, Outcome, RunPlan, RunSupervisor
 from trainer.tiny_model import init_tiny_model
@@ -69,10 +70,11 @@ class RunManager:
             if not lifecycle.transition(session, run_id, lifecycle.STARTING, owner_id=self.replica_id):
                 return
             environment, backend, ports = run.environment, run.backend, Ports(**run.ports)
+            wandb_mode = run_wandb_mode(self.ctx.settings, run.wandb)
         paths = RunPaths(self.ctx.settings.data_path, run_id)
         try:
             environment_file = self._environment_file_for(environment)
-            specs = process_specs(self.ctx.settings, paths, ports, environment_file, backend)
+            specs = process_specs(self.ctx.settings, paths, ports, environment_file, backend, wandb_mode)
         except Exception as exc:  # noqa: BLE001 - a run that cannot be planned fails with the reason
             self._fail_before_start(run_id, f"{type(exc).__name__}: {exc}")
             return
@@ -202,6 +204,7 @@ class RunManager:
             specs=specs,
             progress=lambda: events.trainer_step,  # read by the tick just before: no second read
             finished_steps=lambda role: _finished_steps(paths, role),
+            reported_failure=lambda role: _reported_failure(paths, role),
             scrub=self.ctx.scrub,
             stop_grace_s=settings.stop_grace_s,
             poll_interval_s=settings.monitor_interval_s,
@@ -237,6 +240,17 @@ def _finished_steps(paths: RunPaths, role: str) -> bool | None:
     if state is None:
         return None
     return state.get("status") == "completed"
+
+
+def _reported_failure(paths: RunPaths, role: str) -> tuple[str, str] | None:
+    """The failure kind the trainer wrote when a failure budget ran out (docs/TRAINER.md#failure-budgets)."""
+    if role != TRAINER:
+        return None
+    state = paths.read_trainer_state() or {}
+    kind = state.get("failure_kind")
+    if state.get("status") != "failed" or not isinstance(kind, str):
+        return None
+    return kind, str(state.get("error") or kind)
 
 
 class _PersistingEvents:

@@ -65,9 +65,28 @@ class RunSummary(BaseModel):
 
 
 class RunWarning(BaseModel):
-    code: str = Field(description="parameter_ignored: the training server has no field for a parameter rlctl sends")
+    code: str = Field(
+        description="parameter_ignored (the training server has no field for a parameter rlctl sends), "
+        "wandb_unreachable, wandb_key_rejected, wandb_offline (W&B logs offline; see `wandb`)"
+    )
     parameter: str | None
     message: str
+
+
+class Collapse(BaseModel):
+    step: int = Field(description="The step where the collapse began.")
+    detected_at: int
+    reason: Literal["reward_drop", "empty_completions"]
+    metric: str
+    best: float | None
+    value: float | None
+
+
+class WandbState(BaseModel):
+    mode: Literal["online", "offline", "disabled"]
+    reason: str | None = Field(None, description="Why the run logs offline, when W&B failed the check.")
+    offline_dir: str | None = Field(None, description="Where the offline W&B files are.")
+    sync_command: str | None = Field(None, description="How to upload them to W&B later.")
 
 
 class RunOut(RunSummary):
@@ -75,9 +94,11 @@ class RunOut(RunSummary):
     config_path: str | None
     wandb_project: str | None
     wandb_url: str | None
+    wandb: WandbState | None = Field(None, description="How the run reaches W&B.")
     failure: Failure | None
     weights: str | None
     warnings: list[RunWarning] = Field(default_factory=list, description="What the trainer reported about its backend.")
+    collapse: Collapse | None = Field(None, description="Set when the run collapsed, with the step where it began.")
     ports: dict[str, int]
     updated_at: datetime
     logs: dict[str, str]
@@ -125,8 +146,9 @@ class RunSnapshot(RunSummary):
 
 
 class RunStatusOut(RunSnapshot):
+    live: bool = Field(description="False for a run that has ended: its final, stored state, outside the limit.")
     rate_limited: Literal[False]
-    next_check_in_seconds: float
+    next_check_in_seconds: float = Field(0.0, description="0 for an ended run: its state no longer changes.")
 
 
 class RateLimitedBody(ErrorBody):
@@ -135,6 +157,7 @@ class RateLimitedBody(ErrorBody):
     next_check_in_seconds: float
     last_checked_at: datetime
     last_snapshot: dict[str, Any] | None
+    stored: dict[str, Any] = Field(description="The run's stored record now (status, step, failure), never limited.")
 
 
 class RunResults(RunSummary):
@@ -143,7 +166,11 @@ class RunResults(RunSummary):
     final_metrics: dict[str, float]
     history: dict[str, list[list[float]]]
     checkpoints: list[dict[str, Any]]
-    weights: str | None = Field(description="Local adapter directory or tinker:// URI of the trained weights.")
+    weights: str | None = Field(description="Local adapter directory or tinker:// URI of the final weights.")
+    best_checkpoint: dict[str, Any] | None = Field(
+        description="The checkpoint with the best mean of the run's best_metric: {step, path, weights, value}."
+    )
+    collapse: Collapse | None = Field(description="Set when the run collapsed, with the step where it began.")
     wandb_project: str | None
     wandb_url: str | None
     failure: Failure | None

@@ -38,6 +38,7 @@ from service.runs.schemas import (
     RunStatusOut,
     RunSummary,
 )
+from service.runs.wandb import WandbMode, offline_requested, plan_wandb, probe_wandb
 from service.settings import Backend
 from supervisor.ports import free_ports
 from supervisor.process import Liveness, ProcessIdentity, identity_liveness
@@ -77,10 +78,14 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
 
     run_id = new_run_id()
     paths = RunPaths(ctx.settings.data_path, run_id)
+    offline = offline_requested()
+    probe = None if offline else probe_wandb(ctx.settings)  # bounded by wandb_check_timeout_s
+    wandb_plan = plan_wandb(ctx.settings.wandb_api_key is not None, offline, probe)
+    wandb_warning = wandb_plan.warning(paths.run_dir)
     api_port, inference_port = free_ports(2)
     placement = run_config.RunPlacement(api_port, inference_port, str(paths.run_dir))
     merged = run_config.build_run_config(
-        env.name, schema, edits, ctx.settings, placement, datetime.now(UTC), ctx.settings.wandb_api_key is not None
+        env.name, schema, edits, ctx.settings, placement, datetime.now(UTC), wandb_plan.mode != WandbMode.DISABLED
     )
     run = Run(
         id=run_id,
@@ -93,6 +98,8 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         request_hash=request_hash,
         wandb_project=merged["tinker"]["wandb_project"],
         wandb_run_name=merged["tinker"]["wandb_run_name"],
+        wandb=wandb_plan.record(paths.run_dir),
+        warnings=[wandb_warning] if wandb_warning else [],
         ports=Ports(api_port, inference_port).to_dict(),
         owner_id=manager.replica_id,
         heartbeat_at=utcnow(),
@@ -190,8 +197,14 @@ def _summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
+def run_warnings(run: Run, state: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The control plane's warnings (W&B offline), then the trainer's (parameters the server ignores, ...)."""
+    return [*(run.warnings or []), *((state or {}).get("warnings") or [])]
+
+
 def run_record(ctx: AppContext, run: Run) -> RunOut:
     paths = RunPaths(ctx.settings.data_path, run.id)
+    state = paths.read_trainer_state() or {}
     return RunOut(
         **_summary_fields(run),
         config=run.config,
@@ -200,7 +213,9 @@ def run_record(ctx: AppContext, run: Run) -> RunOut:
         wandb_url=run.wandb_url,
         failure=run.failure,
         weights=run.weights,
-        warnings=(paths.read_trainer_state() or {}).get("warnings") or [],  # e.g. parameters the server ignores
+        wandb=run.wandb,
+        warnings=run_warnings(run, state),
+        collapse=state.get("collapse"),
         ports=run.ports,
         updated_at=run.updated_at,
         logs=paths.logs(),
@@ -212,12 +227,20 @@ def run_record(ctx: AppContext, run: Run) -> RunOut:
 
 
 def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
-    """The live check: limited to once per interval per run; an unknown id consumes nothing."""
+    """The live check: limited to once per interval per run; an unknown id consumes nothing. A run that has
+    ended answers its final, stored state (`live: false`) without using the allowance: nothing is live to read."""
     now = utcnow()
     interval = ctx.settings.status_check_interval_s
     with ctx.db.session() as session:
-        load_row(session, Run, run_id, RunNotFound)
-        allowance = ratelimit.acquire(session, run_id, now, interval)
+        run = load_row(session, Run, run_id, RunNotFound)
+        if run.status in lifecycle.TERMINAL:
+            ended = True
+        else:
+            ended = False
+            allowance = ratelimit.acquire(session, run_id, now, interval)
+            stored = run_summary(run).model_dump(mode="json") | {"failure": run.failure}
+    if ended:
+        return RunStatusOut(**dict(_live_snapshot(ctx, run_id, now)), live=False, rate_limited=False)
     if not allowance.allowed:
         wait = allowance.retry_after_s
         raise RateLimited(
@@ -230,12 +253,13 @@ def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
                 "next_check_in_seconds": round(wait, 1),
                 "last_checked_at": allowance.checked_at.isoformat(),
                 "last_snapshot": allowance.last_snapshot,
+                "stored": stored,
             },
         )
     snapshot = _live_snapshot(ctx, run_id, now)
     with ctx.db.session() as session:
         ratelimit.store_snapshot(session, run_id, now, snapshot.model_dump(mode="json"))
-    return RunStatusOut(**dict(snapshot), rate_limited=False, next_check_in_seconds=interval)
+    return RunStatusOut(**dict(snapshot), live=True, rate_limited=False, next_check_in_seconds=interval)
 
 
 def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> RunSnapshot:
@@ -261,7 +285,9 @@ def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> RunSnapshot:
         running_time_minutes=round(running_s / 60, 2),
         metrics=HeadlineMetrics(step=record["last_step"], **headline),
         latest_metrics={name: value for name, (_step, value) in latest.items()},
-        trainer={k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s", "warnings")},
+        trainer={
+            k: state.get(k) for k in ("status", "step", "total_steps", "waiting_for_rollouts_s", "warnings", "collapse")
+        },
         logs=paths.logs(),
     )
 
@@ -316,6 +342,8 @@ def get_results(ctx: AppContext, run_id: str) -> RunResults:
         history=series,
         checkpoints=state.get("checkpoints") or [],
         weights=state.get("weights") or weights,
+        best_checkpoint=state.get("best_checkpoint"),
+        collapse=state.get("collapse"),
         wandb_project=wandb[0],
         wandb_url=wandb[1],
         failure=failure,

@@ -1,7 +1,8 @@
 """The same tools over MCP (streamable HTTP at /mcp), through the official SDK, behind the API token.
 
 Tools are listed with their input and output schemas and read-only / destructive / idempotent hints; a call
-runs the one implementation in service/tools/service.py, in the agent's tool session (X-Tool-Session).
+runs the one implementation in service/tools/service.py, in the agent's tool session: X-Tool-Session when the
+client sends it, else one per MCP session.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class McpEndpoint:
         self.manager = StreamableHTTPSessionManager(
             app=server,
             json_response=True,
-            stateless=True,  # the agent's state lives in its tool session, not in the MCP connection
+            # Stateful: each MCP session gets an id, and its tool session with it (never a shared one).
+            stateless=False,
             security_settings=self._transport_security(),
         )
         self._app = StreamableHTTPASGIApp(self.manager)
@@ -95,13 +97,15 @@ class McpEndpoint:
 
     async def _call_tool(self, request: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         http_request = getattr(request, "request", None)
-        session_header = http_request.headers.get("x-tool-session") if http_request is not None else None
+        headers = http_request.headers if http_request is not None else {}
+        session_header, connection = headers.get("x-tool-session"), headers.get("mcp-session-id")
         try:
-            result = await anyio.to_thread.run_sync(
-                service.call_tool, self.ctx, params.name, params.arguments or {}, session_header
+            call = await anyio.to_thread.run_sync(
+                service.call_tool, self.ctx, params.name, params.arguments or {}, session_header, connection
             )
         except ToolNotFound as exc:
             raise MCPError(INVALID_PARAMS, exc.message, exc.details) from exc
+        result = call.result
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=json.dumps(result))],
             structured_content=result,

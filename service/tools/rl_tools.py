@@ -41,7 +41,6 @@ from service.tools.sessions import SessionState, save
 HISTORY_METRICS = ("reward/mean", "train/loss", "train/percent_correct", "eval/percent_correct")
 HISTORY_POINTS = 50
 RECENT_CHECKPOINTS = 5
-LISTED_RUNS = 50
 STOP_WAIT_S = 30
 
 
@@ -132,6 +131,7 @@ def check_status(ctx: AppContext, _state: SessionState, args: RunArgs) -> Status
             message=limited.message,
             next_check_in_seconds=limited.details["next_check_in_seconds"],
             last_snapshot=limited.details.get("last_snapshot"),
+            stored=limited.details.get("stored"),
         )
     return StatusResult.model_validate(snapshot, from_attributes=True)
 
@@ -158,7 +158,9 @@ def get_results(ctx: AppContext, _state: SessionState, args: RunArgs) -> Results
 
 
 def list_runs(ctx: AppContext, _state: SessionState, args: ListRunsArgs) -> RunsResult:
-    listing = runs.list_runs(ctx, status=args.status, environment=args.environment, limit=LISTED_RUNS)
+    listing = runs.list_runs(
+        ctx, status=args.status, environment=args.environment, limit=args.limit, cursor=args.cursor
+    )
     return RunsResult(
         runs=[
             RunBrief(
@@ -173,6 +175,8 @@ def list_runs(ctx: AppContext, _state: SessionState, args: ListRunsArgs) -> Runs
             for r in listing.runs
         ],
         count=listing.count,
+        has_more=listing.next_cursor is not None,
+        next_cursor=listing.next_cursor,
     )
 
 
@@ -263,7 +267,8 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
     ),
     Tool(
         "rl_list_runs",
-        "List training runs, newest first, optionally by status or environment. Not rate limited.",
+        "List training runs, newest first, optionally by status or environment, a page at a time: when has_more "
+        "is true, call again with cursor = next_cursor. Not rate limited.",
         ListRunsArgs,
         RunsResult,
         list_runs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header
+from fastapi import APIRouter, Body, Header, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -20,7 +20,8 @@ SessionHeader = Annotated[
     Header(
         alias="X-Tool-Session",
         pattern=NAME_PATTERN,
-        description="The agent's tool session (selected environment, pending config); 'default' when absent.",
+        description="The agent's tool session (selected environment, pending config). Absent: a new session, "
+        "whose id comes back in the X-Tool-Session response header and the result's `tool_session`.",
     ),
 ]
 
@@ -47,8 +48,12 @@ async def call_tool(
     ctx: Ctx,
     name: ToolName,
     arguments: Annotated[dict[str, Any], Body(description="The tool's arguments object.")],
+    response: Response,
     x_tool_session: SessionHeader = None,
 ) -> dict[str, Any]:
     """Run one tool. Tool errors (bad arguments, unknown run, locked field, ...) are results with an `error`
-    field, not HTTP errors; an unknown tool name is a 404."""
-    return await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session)
+    field, not HTTP errors; an unknown tool name is a 404. The tool session's id comes back in the
+    X-Tool-Session header; a session created for this call also in the result's `tool_session`."""
+    call = await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session)
+    response.headers["X-Tool-Session"] = call.session_id
+    return {**call.result, "tool_session": call.session_id} if call.created else call.result

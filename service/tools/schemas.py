@@ -34,6 +34,7 @@ from service.inference_tests.schemas import (
 )
 from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
+from service.pagination import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
 from service.runs.lifecycle import RunStatus
 from service.runs.schemas import Failure, HeadlineMetrics, LiveProcess
 from service.settings import Backend
@@ -74,6 +75,10 @@ class RunArgs(ToolArguments):
 class ListRunsArgs(ToolArguments):
     status: RunStatus | None = Field(None, description="Only runs in this state; null for all.")
     environment: str | None = Field(None, description="Only runs of this environment; null for all.")
+    limit: int = Field(DEFAULT_PAGE, ge=1, le=MAX_PAGE, description="Runs per page; null for 50.")
+    cursor: str | None = Field(
+        None, pattern=CURSOR_PATTERN, description="next_cursor of the page before; null for the first page."
+    )
 
 
 class TestInferenceArgs(ToolArguments):
@@ -194,6 +199,7 @@ class StatusResult(BaseModel):
     wandb_run_name: str | None
     wandb_url: str | None
     logs: dict[str, str]
+    live: bool = Field(description="False for an ended run: its final state, outside the rate limit.")
     next_check_in_seconds: float
 
 
@@ -203,6 +209,7 @@ class RateLimitedResult(BaseModel):
     message: str
     next_check_in_seconds: float
     last_snapshot: dict[str, Any] | None
+    stored: dict[str, Any] | None = Field(description="The run's stored record now: status, step, failure.")
 
 
 class StoppedResult(BaseModel):
@@ -220,6 +227,8 @@ class ResultsResult(BaseModel):
     final_metrics: dict[str, float]
     history: dict[str, list[list[float]]] = Field(description="Main metrics, [[step, value], ...], downsampled.")
     weights: str | None
+    best_checkpoint: dict[str, Any] | None = Field(description="The checkpoint with the best mean best_metric.")
+    collapse: dict[str, Any] | None = Field(description="Set when the run collapsed: the step where it began.")
     checkpoints: list[dict[str, Any]] = Field(description="The last few checkpoints.")
     wandb_project: str | None
     wandb_run_name: str | None
@@ -240,6 +249,8 @@ class RunBrief(BaseModel):
 class RunsResult(BaseModel):
     runs: list[RunBrief]
     count: int
+    has_more: bool = Field(description="True when more runs follow: call again with cursor = next_cursor.")
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last page.")
 
 
 class InferenceStartedResult(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,7 +10,7 @@ from service.context import AppContext
 from service.db.models import ToolSession
 from service.names import validate_name
 
-DEFAULT_SESSION = "default"
+DEFAULT_SESSION = "default"  # shared by every caller that names it, and only by them
 
 
 @dataclass
@@ -19,11 +20,15 @@ class SessionState:
     pending_config: dict[str, Any] = field(default_factory=dict)
 
 
-def session_id_from(header: str | None) -> str:
-    """The X-Tool-Session header's value, validated; the default session when absent."""
-    if not header:
-        return DEFAULT_SESSION
-    return validate_name(header, "tool session")
+def session_id_from(header: str | None, connection: str | None = None) -> tuple[str, bool]:
+    """(session id, created): the X-Tool-Session header's value, validated; else the session of the MCP
+    connection (`connection`, its MCP session id); else a new session, never a shared one. The `default`
+    session is used only when a caller names it."""
+    if header:
+        return validate_name(header, "tool session"), False
+    if connection:
+        return validate_name(f"mcp-{connection}"[:128], "tool session"), False
+    return f"s-{uuid.uuid4().hex}", True
 
 
 def load(ctx: AppContext, session_id: str) -> SessionState:

@@ -30,6 +30,32 @@ def _install() -> None:
         return await original(self, wandb_metrics)
 
     BaseEnv.wandb_log = wandb_log
+    _guard_wandb_init()
+
+
+def _guard_wandb_init() -> None:
+    """W&B never fails the environment: a `wandb.init` that fails online (W&B unreachable, the key rejected,
+    WANDB_INIT_TIMEOUT spent) starts offline instead, and one that cannot start offline either is disabled."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    try:
+        import wandb
+    except Exception:  # noqa: BLE001 - no W&B: nothing to guard
+        return
+    original = wandb.init
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - W&B is a mirror: offline, never a crash
+            print(f"rlctl: W&B could not start online ({type(error).__name__}: {error}); logging offline", flush=True)
+        try:
+            return original(*args, **{**kwargs, "mode": "offline"})
+        except Exception as error:  # noqa: BLE001
+            print(f"rlctl: W&B could not start offline ({type(error).__name__}: {error}); disabled", flush=True)
+        return original(*args, **{**kwargs, "mode": "disabled"})
+
+    wandb.init = init
 
 
 def _append(path: str, step: int, metrics: dict[str, Any]) -> None:

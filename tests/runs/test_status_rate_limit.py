@@ -15,10 +15,21 @@ from tests.support.live import live_service
 from tests.support.waiting import wait_until
 
 
-def add_run(database_url: str, run_id: str) -> None:
+def add_run(database_url: str, run_id: str, status: str = "running", **fields: object) -> None:
+    """A run record with no processes: a live check reads it like any other (a `running` one is limited)."""
     db = Database(database_url)
     with db.session() as session:
-        session.add(Run(id=run_id, environment="echo", backend="local", status="stopped"))
+        session.add(Run(id=run_id, environment="echo", backend="local", status=status, **fields))
+    db.dispose()
+
+
+def set_status(database_url: str, run_id: str, status: str, **fields: object) -> None:
+    db = Database(database_url)
+    with db.session() as session:
+        run = session.get(Run, run_id)
+        run.status = status
+        for name, value in fields.items():
+            setattr(run, name, value)
     db.dispose()
 
 
@@ -47,7 +58,8 @@ def test_second_check_is_429_with_retry_after_and_the_last_snapshot(
         assert 1790 < body["next_check_in_seconds"] <= 1800
         assert 1790 < int(second.headers["Retry-After"]) <= 1800
         assert body["last_snapshot"]["run_id"] == "run1"
-        assert body["last_snapshot"]["status"] == "stopped"
+        assert body["last_snapshot"]["status"] == "running"
+        assert body["stored"]["status"] == "running" and body["stored"]["id"] == "run1"
         # the stored record is never limited
         assert client.get("/runs/run1").status_code == 200
 
@@ -92,3 +104,42 @@ def test_a_check_is_allowed_again_after_the_interval(make_settings: Callable[...
         assert client.get("/runs/later/status").status_code == 200
         assert client.get("/runs/later/status").status_code == 429
         wait_until(lambda: client.get("/runs/later/status").status_code == 200, timeout=10, message="allowed again")
+
+
+def test_an_ended_run_answers_its_final_state_without_using_the_allowance(
+    make_settings: Callable[..., Settings], database_url: str
+) -> None:
+    with live_service(make_settings()) as live, live.client() as client:
+        add_run(database_url, "ending", last_step=3)
+        assert client.get("/runs/ending/status").json()["live"] is True
+        limited = client.get("/runs/ending/status")
+        assert limited.status_code == 429
+        failure = {"kind": "sampling_failed", "message": "trainer exited with code 1: ...", "process": "trainer"}
+        set_status(database_url, "ending", "failed", last_step=5, failure=failure)
+        # The 429 of a live run carries the stored record; once it has ended, so does every check, at once.
+        for _ in range(3):
+            final = client.get("/runs/ending/status")
+            assert final.status_code == 200, final.text
+            body = final.json()
+            assert body["live"] is False and body["rate_limited"] is False and body["next_check_in_seconds"] == 0
+            assert body["status"] == "failed" and body["last_step"] == 5
+            assert body["failure"]["kind"] == "sampling_failed"
+        add_run(database_url, "done", status="completed")
+        assert all(client.get("/runs/done/status").status_code == 200 for _ in range(3))
+    db = Database(database_url)
+    with db.session() as session:
+        checks = {row.run_id: row.checks_allowed for row in session.scalars(select(StatusCheck))}
+    db.dispose()
+    assert checks == {"ending": 1}  # only the live check used the allowance; ended runs use none
+
+
+def test_the_429_of_a_live_run_carries_its_stored_state(
+    make_settings: Callable[..., Settings], database_url: str
+) -> None:
+    with live_service(make_settings()) as live, live.client() as client:
+        add_run(database_url, "moving", last_step=1)
+        assert client.get("/runs/moving/status").status_code == 200
+        set_status(database_url, "moving", "running", last_step=9)
+        body = client.get("/runs/moving/status").json()
+        assert body["last_snapshot"]["last_step"] == 1  # what the last allowed check saw
+        assert body["stored"]["last_step"] == 9 and body["stored"]["status"] == "running"  # what is stored now

@@ -31,8 +31,10 @@ class Agent:
         return result.structured_content
 
 
-async def with_agent(base_url: str, work: Callable[[Agent], Any], tool_session: str = "mcp", token: str = TOKEN):
-    headers = {"Authorization": f"Bearer {token}", "X-Tool-Session": tool_session}
+async def with_agent(base_url: str, work: Callable[[Agent], Any], tool_session: str | None = "mcp", token: str = TOKEN):
+    headers = {"Authorization": f"Bearer {token}"}
+    if tool_session is not None:
+        headers["X-Tool-Session"] = tool_session
     async with (
         create_mcp_http_client(headers=headers) as http_client,
         streamable_http_client(f"{base_url}/mcp", http_client=http_client) as (read, write),
@@ -93,3 +95,22 @@ def test_the_agent_workflow_over_mcp(run_settings: Callable[..., Settings]) -> N
 
     with live_service(run_settings(api_token=TOKEN, local_total_steps=10_000)) as live:
         anyio.run(with_agent, live.base_url, work)
+
+
+def test_each_mcp_session_has_its_own_tool_session(make_settings: Callable[..., Settings]) -> None:
+    """Without X-Tool-Session, an MCP client's calls share its MCP session's tool session, and no other's."""
+
+    async def select_then_read(agent: Agent) -> dict:
+        await agent.call("rl_select_environment", name="gsm8k")
+        return await agent.call("rl_get_current_config")
+
+    async def read(agent: Agent) -> dict:
+        return await agent.call("rl_get_current_config")
+
+    with live_service(make_settings(api_token=TOKEN)) as live:
+        mine = anyio.run(with_agent, live.base_url, select_then_read, None)
+        other = anyio.run(with_agent, live.base_url, read, None)
+        named = anyio.run(with_agent, live.base_url, read, "default")
+    assert mine["environment"] == "gsm8k"
+    assert "no environment selected" in other["error"]
+    assert "no environment selected" in named["error"]  # nothing leaked into the default session either

@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from service.db.engine import Database
+from service.db.models import Run
 from service.settings import Settings
 from tests.support.live import LiveService, live_service
 from tests.support.waiting import wait_until
@@ -22,51 +24,54 @@ def call(client: httpx.Client, tool: str, session: str | None = None, **argument
 
 def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None:
     with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
-        listed = call(client, "rl_list_environments")
+        first = client.post("/tools/rl_list_environments", json={})
+        listed = first.json()
+        session = listed["tool_session"]  # no session named: a new one, also in the header
+        assert first.headers["X-Tool-Session"] == session and session.startswith("s-")
         assert {"echo", "gsm8k"} <= {e["name"] for e in listed["environments"]}
         assert listed["count"] == len(listed["environments"]) and listed["tips"]
 
-        selected = call(client, "rl_select_environment", name="echo")
+        selected = call(client, "rl_select_environment", session, name="echo")
         assert selected["environment"] == "echo" and selected["file_path"].endswith("echo.py")
 
-        config = call(client, "rl_get_current_config")
+        config = call(client, "rl_get_current_config", session)
         fields = {f["name"]: f for f in config["configurable_fields"]}
         assert fields["group_size"]["current_value"] == fields["group_size"]["default"]
         locked = {f["name"]: f for f in config["locked_fields"]}
         assert "locked_value" in locked["total_steps"]
 
-        edited = call(client, "rl_edit_config", field="group_size", value=4)
+        edited = call(client, "rl_edit_config", session, field="group_size", value=4)
         assert edited["field"] == "group_size" and edited["config"] == {"group_size": 4}
-        assert call(client, "rl_edit_config", field="batch_size", value=16)["config"] == {
+        assert call(client, "rl_edit_config", session, field="batch_size", value=16)["config"] == {
             "group_size": 4,
             "batch_size": 16,
         }
-        assert {f["name"]: f["current_value"] for f in call(client, "rl_get_current_config")["configurable_fields"]}[
-            "group_size"
-        ] == 4
+        assert {
+            f["name"]: f["current_value"] for f in call(client, "rl_get_current_config", session)["configurable_fields"]
+        }["group_size"] == 4
 
-        refused = call(client, "rl_edit_config", field="total_steps", value=3)
+        refused = call(client, "rl_edit_config", session, field="total_steps", value=3)
         assert refused["code"] == "FIELD_LOCKED" and refused["locked_value"] == 10_000
 
-        started = call(client, "rl_start_training", backend="local")
+        started = call(client, "rl_start_training", session, backend="local")
         run_id = started["run_id"]
         assert started["backend"] == "local" and started["environment"] == "echo"
         assert set(started["logs"]) == {"api", "trainer", "env"} and "30 minutes" in started["message"]
         wait_until(lambda: client.get(f"/runs/{run_id}").json()["status"] == "running", timeout=240, message="run")
 
-        status = call(client, "rl_check_status", run_id=run_id)
+        status = call(client, "rl_check_status", session, run_id=run_id)
         assert status["status"] == "running" and "running_time_minutes" in status
         assert {p["role"] for p in status["processes"]} == {"api", "trainer", "env"}
-        limited = call(client, "rl_check_status", run_id=run_id)
+        limited = call(client, "rl_check_status", session, run_id=run_id)
         assert limited["rate_limited"] is True and limited["run_id"] == run_id
         assert 0 < limited["next_check_in_seconds"] <= 1800
 
-        runs = call(client, "rl_list_runs")
+        runs = call(client, "rl_list_runs", session)
         assert runs["count"] == 1 and runs["runs"][0]["run_id"] == run_id
 
-        stopped = call(client, "rl_stop_training", run_id=run_id)
+        stopped = call(client, "rl_stop_training", session, run_id=run_id)
         assert stopped["status"] == "stopped"
-        results = call(client, "rl_get_results", run_id=run_id)
+        results = call(client, "rl_get_results", session, run_id=run_id)
         assert results["run_id"] == run_id and results["status"] == "stopped"
         assert "final_metrics" in results and "weights" in results
 
@@ -88,6 +93,51 @@ def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
         assert {f["name"]: f["current_value"] for f in b["configurable_fields"]}["max_new_tokens"] == 64
         default = call(client, "rl_get_current_config")
         assert "no environment selected" in default["error"] and "echo" in default["available"]
+
+
+def test_calls_without_a_session_never_share_one(service: LiveService) -> None:
+    with service.client() as client:
+        selected = client.post("/tools/rl_select_environment", json={"name": "echo"})
+        assert selected.status_code == 200
+        mine = selected.json()["tool_session"]
+        assert selected.headers["X-Tool-Session"] == mine
+        other = client.post("/tools/rl_get_current_config", json={})
+        assert other.json()["tool_session"] != mine and "no environment selected" in other.json()["error"]
+        again = client.post("/tools/rl_get_current_config", json={}, headers={"X-Tool-Session": mine})
+        assert again.json()["environment"] == "echo" and "tool_session" not in again.json()
+        assert again.headers["X-Tool-Session"] == mine
+        # `default` is a session like any other, used only by those who name it
+        call(client, "rl_select_environment", "default", name="gsm8k")
+        assert call(client, "rl_get_current_config", "default")["environment"] == "gsm8k"
+        assert "no environment selected" in call(client, "rl_get_current_config")["error"]
+        # the name Hermes users know finds the environment
+        assert call(client, "rl_select_environment", "alias", name="gsm8k_tinker")["environment"] == "gsm8k"
+
+
+def test_rl_list_runs_pages_with_a_cursor(service: LiveService, database_url: str) -> None:
+    db = Database(database_url)
+    with db.session() as session:
+        for index in range(5):
+            session.add(Run(id=f"paged{index}", environment="echo", backend="local", status="stopped"))
+    db.dispose()
+    with service.client() as client:
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            page = call(client, "rl_list_runs", "lister", limit=2, cursor=cursor)
+            pages += 1
+            seen += [run["run_id"] for run in page["runs"]]
+            assert page["count"] == len(page["runs"]) <= 2
+            assert page["has_more"] is (page["next_cursor"] is not None)
+            if not page["has_more"]:
+                break
+            cursor = page["next_cursor"]
+        assert pages == 3 and sorted(seen) == [f"paged{index}" for index in range(5)] and len(set(seen)) == 5
+        everything = call(client, "rl_list_runs", "lister")
+        assert everything["count"] == 5 and everything["has_more"] is False and everything["next_cursor"] is None
+        bad = call(client, "rl_list_runs", "lister", cursor="not a cursor")
+        assert bad["code"] == "VALIDATION_ERROR" and bad["argument"] == "cursor"
 
 
 @pytest.mark.parametrize(

@@ -157,3 +157,50 @@ def test_tinker_backend_without_api_key_fails_clearly(tiny_model_dir: Path, tmp_
         assert "TINKER_API_KEY is not set" in trainer.log_text()
     state = trainer_state(run_dir)
     assert state["status"] == "failed" and "TINKER_API_KEY" in state["error"]
+
+
+def rewarded_group(rng: random.Random, level: float) -> dict:
+    """A group whose scores average `level`, spread a little so that it trains."""
+    group = scored_group(rng, with_logprobs=True)
+    group["scores"] = [level - 0.05, level + 0.05, level - 0.02, level + 0.02]
+    return group
+
+
+def test_a_collapse_is_flagged_and_stop_on_collapse_ends_the_run_keeping_the_best_weights(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    api_port, inference_port = free_port(), free_port()
+    run_dir = tmp_path / "run"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=tiny_model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=20,
+        group_size=GROUP_SIZE,
+        batch_size=BATCH_SIZE,
+        tinker={"save_checkpoint_interval": 2, "collapse_steps": 2, "stop_on_collapse": True},
+    )
+    environment = child_environment(tmp_path / "var")
+    api_url = f"http://127.0.0.1:{api_port}"
+    rng = random.Random(0)
+    levels = [0.6, 0.6, 0.8, 0.8, 0.7, 0.7, 0.0, 0.0]  # the collapse begins at step 7
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+        for step, level in enumerate(levels, start=1):  # one batch per step, in order
+            for _ in range(BATCH_SIZE // GROUP_SIZE):
+                httpx.post(f"{api_url}/scored_data", json=rewarded_group(rng, level)).raise_for_status()
+            wait_for(lambda step=step: len(steps_done(run_dir)) >= step, 60, f"step {step}")
+        assert trainer.wait(120) == 1, trainer.log_tail()
+    state = trainer_state(run_dir)
+    assert state["status"] == "failed" and state["failure_kind"] == "collapsed", state.get("error")
+    rewards = [(r["step"], round(r["metrics"]["reward/mean"], 3)) for r in step_metrics(run_dir)]
+    assert state["step"] == 8, rewards
+    assert state["collapse"]["step"] == 7 and state["collapse"]["detected_at"] == 8
+    assert state["collapse"]["reason"] == "reward_drop"
+    assert state["best_checkpoint"]["step"] == 4 and Path(state["best_checkpoint"]["weights"]).is_dir()
+    assert Path(state["weights"]).name == "step_8"  # the final weights are reported too, apart from the best
+    events = [r for r in metric_lines(run_dir) if r.get("event") == "collapse"]
+    assert [(e["step"], e["collapse"]["step"]) for e in events] == [(8, 7)]
