@@ -9,7 +9,16 @@ from typing import Any
 
 import yaml
 
-from trainer.defaults import LOCAL_DEFAULTS, SAMPLING_ERROR_BUDGET, TINKER_DEFAULTS, TRAINING_ERROR_BUDGET
+from trainer.defaults import (
+    LOCAL_DEFAULTS,
+    LOSS_FUNCTIONS,
+    PPO_CLIP_HIGH,
+    PPO_CLIP_LOW,
+    SAMPLING_ERROR_BUDGET,
+    TINKER_DEFAULTS,
+    TRAINING_ERROR_BUDGET,
+)
+from trainer.grpo import PolicyLoss
 from trainer.health import HealthRules
 
 BACKENDS = ("local", "tinker")
@@ -28,6 +37,9 @@ class TrainerConfig:
     tokenizer_name: str | None
     lora_rank: int
     learning_rate: float
+    loss_fn: str
+    clip_low_threshold: float
+    clip_high_threshold: float
     total_steps: int
     batch_size: int
     group_size: int
@@ -48,6 +60,10 @@ class TrainerConfig:
     sampling_error_budget: int  # consecutive failed sampling calls that fail the run (docs/TRAINER.md)
     training_error_budget: int  # consecutive failed training steps that fail the run
     health: HealthRules  # best checkpoint and collapse detection (docs/TRAINER.md#run-health)
+
+    @property
+    def loss(self) -> PolicyLoss:
+        return PolicyLoss(self.loss_fn, self.clip_low_threshold, self.clip_high_threshold)
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -98,6 +114,9 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         tokenizer_name=_typed(env, "tokenizer_name", str, None, where="env"),
         lora_rank=_typed(tinker, "lora_rank", int, defaults["lora_rank"]),
         learning_rate=_typed(tinker, "learning_rate", float, defaults["learning_rate"]),
+        loss_fn=_typed(tinker, "loss_fn", str, defaults["loss_fn"]),
+        clip_low_threshold=_typed(tinker, "clip_low_threshold", float, PPO_CLIP_LOW),
+        clip_high_threshold=_typed(tinker, "clip_high_threshold", float, PPO_CLIP_HIGH),
         total_steps=_typed(tinker, "total_steps", int, defaults["total_steps"]),
         batch_size=_typed(tinker, "batch_size", int, defaults["batch_size"]),
         group_size=_typed(tinker, "group_size", int, defaults["group_size"]),
@@ -124,6 +143,10 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
     names = ("max_token_trainer_length", "save_checkpoint_interval", "waiting_report_interval_s")
     for name in (*names, "sampling_error_budget", "training_error_budget"):
         _positive(name, getattr(config, name))
+    if config.loss_fn not in LOSS_FUNCTIONS:
+        raise ConfigError(f"tinker.loss_fn must be one of {LOSS_FUNCTIONS}, got {config.loss_fn!r}")
+    if not 0 < config.clip_low_threshold <= 1 <= config.clip_high_threshold:
+        raise ConfigError("tinker.clip_low_threshold and clip_high_threshold must bound 1: 0 < low <= 1 <= high")
     return config
 
 
