@@ -76,5 +76,6 @@ def status_rule(interval_s: float) -> str:
     """The rule as the agent tools state it, with the configured interval."""
     return (
         f"Live status checks are limited to one per run every {describe_interval(interval_s)}: a check sooner "
-        "returns rate_limited with next_check_in_seconds, so wait that long instead of polling."
+        "returns rate_limited with next_check_in_seconds, so wait that long instead of polling. A run that has "
+        "ended answers its final state (live: false) at any time."
     )
