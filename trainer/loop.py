@@ -311,12 +311,14 @@ class Trainer:
         self.state_store.save(self.state)
 
     def _record_warnings(self) -> None:
-        """Backend warnings go to the log, metrics.jsonl and trainer_state.json's `warnings` (the run's status)."""
+        """Backend and W&B warnings go to the log, metrics.jsonl and trainer_state.json's `warnings` (the run's
+        status)."""
         assert self.backend is not None and self.metrics is not None
-        for warning in self.backend.drain_warnings():
-            record = warning.as_record()
+        records = [warning.as_record() for warning in self.backend.drain_warnings()]
+        records += [record for record in (self.wandb.log_warning(),) if record is not None]
+        for record in records:
             if self.state.add_warning(record):
-                log.warning("%s", warning.message)
+                log.warning("%s", record["message"])
                 self.metrics.warning(self.state.step, record)
 
     def _flag_collapse(self, collapse: Collapse) -> None:

@@ -137,6 +137,7 @@ class WandbMirror:
         self._run = run
         self.offline_reason = offline_reason
         self.offline_dir = offline_dir
+        self.log_error: str | None = None  # the first failed `log`, for a run warning
 
     @classmethod
     def start(
@@ -168,6 +169,13 @@ class WandbMirror:
         except Exception as error:
             log.warning("W&B could not start offline either (%s); continuing without it", error)
             return cls(None, f"{reason}; offline too ({type(error).__name__})")
+
+    def log_warning(self) -> dict[str, Any] | None:
+        """The run warning for W&B failing mid-run (training goes on; metrics.jsonl has every step)."""
+        if self.log_error is None:
+            return None
+        message = f"W&B failed to log ({self.log_error}); training goes on and the run's metrics are complete"
+        return {"code": "wandb_log_failed", "parameter": None, "message": message}
 
     def warning(self) -> dict[str, Any] | None:
         """The run warning for a mirror that fell back to offline (or to nothing)."""
@@ -201,6 +209,7 @@ class WandbMirror:
             self._run.log(metrics, step=step)
         except Exception as error:
             log.warning("W&B log failed at step %d: %s", step, error)
+            self.log_error = self.log_error or f"step {step}: {type(error).__name__}: {error}"
 
     def finish(self, exit_code: int = 0, timeout_s: float = WANDB_FINISH_TIMEOUT_S) -> None:
         """Finish the W&B run, waiting at most `timeout_s`: an upload stuck on an outage never holds the exit."""
