@@ -67,7 +67,7 @@ class RunSummary(BaseModel):
 class RunWarning(BaseModel):
     code: str = Field(
         description="parameter_ignored (the training server has no field for a parameter rlctl sends), "
-        "wandb_unreachable, wandb_key_rejected, wandb_offline (W&B logs offline; see `wandb`)"
+        "wandb_unreachable, wandb_key_rejected, wandb_offline (W&B logs offline; see `wandb`), wandb_log_failed"
     )
     parameter: str | None
     message: str
