@@ -16,6 +16,7 @@ from service.runs.paths import RunPaths
 from service.settings import Settings
 from tests.conftest import build_settings
 from tests.ops.cli import LineCollector, rlctl, spawn, stop
+from tests.ops.seeding import SeededRun, seed_run
 from tests.support.live import free_port, live_service
 from tests.support.waiting import wait_until
 
@@ -79,9 +80,13 @@ def test_the_cli_drives_an_offline_run_to_completion_following_its_trainer_log(r
         weights = api.get(f"/runs/{run_id}/results").json()["weights"]
         assert "reward/mean" in table and weights in table
 
-        checked = rlctl(live.base_url, "runs", "status", run_id, "--json", token=TOKEN)
+        for _ in range(2):  # an ended run answers its final state every time, outside the limit
+            checked = rlctl(live.base_url, "runs", "status", run_id, "--json", token=TOKEN)
+            assert checked.returncode == 0 and json.loads(checked.stdout)["live"] is False
+        live_id = seed_run(settings, SeededRun(status="running", process_status="running")).id
+        checked = rlctl(live.base_url, "runs", "status", live_id, "--json", token=TOKEN)
         assert checked.returncode == 0 and json.loads(checked.stdout)["rate_limited"] is False
-        limited = rlctl(live.base_url, "runs", "status", run_id, "--json", token=TOKEN)
+        limited = rlctl(live.base_url, "runs", "status", live_id, "--json", token=TOKEN)
         assert limited.returncode == 75 and json.loads(limited.stdout)["rate_limited"] is True
         assert "429 RATE_LIMITED" in limited.stderr
 
