@@ -1,0 +1,61 @@
+"""A collapse provoked for real: the offline echo pipeline (`run-api`, the trainer on the local backend with the
+tiny model, `environments/echo.py`) with a learning rate far too high for its loss. The run must be flagged
+collapsed with the step where it began, and with `stop_on_collapse` end there (`collapsed`), well before its
+last step, naming its best checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.live import free_port
+from tests.trainer.pipeline import (
+    child_environment,
+    processes,
+    start_api,
+    start_environment,
+    start_trainer,
+    step_metrics,
+    trainer_state,
+    wait_http,
+    write_run_yaml,
+)
+
+TOTAL_STEPS = 60
+COLLAPSE_STEPS = 3
+
+
+def test_a_learning_rate_far_too_high_collapses_and_stops_the_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    api_port, inference_port = free_port(), free_port()
+    run_dir = tmp_path / "echo-too-fast"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=tiny_model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=TOTAL_STEPS,
+        tinker={
+            "learning_rate": 1.0,  # 100 x the local default
+            "loss_fn": "importance_sampling",
+            "save_checkpoint_interval": 2,
+            "collapse_steps": COLLAPSE_STEPS,
+            "stop_on_collapse": True,
+        },
+    )
+    environment = child_environment(tmp_path / "var", WANDB_MODE="disabled")
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+        start_environment(start, "echo.py", config, environment)
+        exit_code = trainer.wait(600)
+    records = step_metrics(run_dir)
+    rewards = [
+        (r["step"], round(r["metrics"]["reward/mean"], 3), r["metrics"]["completion/mean_tokens"]) for r in records
+    ]
+    print(f"(step, reward/mean, completion/mean_tokens): {rewards}")
+    state = trainer_state(run_dir)
+    assert exit_code == 1 and state["failure_kind"] == "collapsed", (state.get("error"), rewards)
+    collapse = state["collapse"]
+    assert collapse["detected_at"] == state["step"] < TOTAL_STEPS
+    assert collapse["detected_at"] - collapse["step"] == COLLAPSE_STEPS - 1
+    assert state["best_checkpoint"] is not None and state["best_checkpoint"]["step"] <= collapse["step"]
