@@ -104,7 +104,9 @@ def test_a_written_environment_is_discovered_described_and_versioned(live: LiveS
         ),
         (ECHO_SOURCE.replace('name = "echo"', 'name = "other"'), "name", "'other'"),
         (
-            ECHO_SOURCE.replace('name = "echo"', 'name = "broken"').replace("\nimport ", "\nimport no_such_module\nimport ", 1),
+            ECHO_SOURCE.replace('name = "echo"', 'name = "broken"').replace(
+                "\nimport ", "\nimport no_such_module\nimport ", 1
+            ),
             "import",
             "no_such_module",
         ),
