@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service.observability import configure_logging
 
     settings = Settings()
-    if settings.api_token is None and not TokenStore(settings.tokens_path).entries() and not is_loopback(args.host):
+    if settings.api_token is None and not TokenStore(settings.tokens_path).exists() and not is_loopback(args.host):
         print(
             f"refusing to listen on {args.host} without RLCTL_API_TOKEN: set a token, or bind to 127.0.0.1",
             file=sys.stderr,

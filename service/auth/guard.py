@@ -34,7 +34,7 @@ def identify(ctx: AppContext, authorization: str | None) -> Principal:
         # Fail closed: a broken file must not turn a server with no RLCTL_API_TOKEN into an open one.
         logger.error("%s", exc)
         raise Unavailable("the tokens file cannot be read; see the service log") from exc
-    if settings.api_token is None and not entries:
+    if settings.api_token is None and not entries and not ctx.tokens.exists():
         return ANONYMOUS
     scheme, _, given = (authorization or "").partition(" ")
     given = given.strip()

@@ -99,6 +99,11 @@ class TokenStore:
         self._signature: tuple[int, int, int] | None = None
         self._entries: tuple[TokenEntry, ...] = ()
 
+    def exists(self) -> bool:
+        """A tokens file exists, even an empty one: then every call needs a token (revoking the last one closes
+        the server rather than opening it)."""
+        return self.path.exists()
+
     def entries(self) -> tuple[TokenEntry, ...]:
         """The current entries. A file that cannot be parsed grants nothing (fail closed) and raises."""
         try:

@@ -84,7 +84,7 @@ class McpEndpoint:
         await self._app(scope, receive, send)
 
     def _transport_security(self) -> TransportSecuritySettings:
-        if self.ctx.settings.api_token is not None or self.ctx.tokens.entries():
+        if self.ctx.settings.api_token is not None or self.ctx.tokens.exists():
             # Token-protected and possibly behind a proxy: the token, not the Host header, guards it.
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
         return TransportSecuritySettings(
