@@ -64,12 +64,12 @@ def source_hash(source: str | bytes) -> str:
 
 def read_source(ctx: AppContext, name: str) -> EnvironmentSource:
     env = ctx.catalog.get(name)
-    source = env.file_path.read_bytes().decode("utf-8", errors="replace")
+    data = env.file_path.read_bytes()  # once: the hash is of exactly the text returned
     managed = is_managed(ctx, env)
     return EnvironmentSource(
         name=env.name,
-        hash=source_hash(env.file_path.read_bytes()),
-        source=source,
+        hash=source_hash(data),
+        source=data.decode("utf-8", errors="replace"),
         managed=managed,
         version=_current_version(ctx, name) if managed else None,
     )
