@@ -28,6 +28,10 @@ MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer <token>'"
 def identify(ctx: AppContext, authorization: str | None) -> Principal:
     """The principal of an Authorization header value; raises Unauthorized (401) for a missing or unknown token."""
     settings = ctx.settings
+    scheme, _, given = (authorization or "").partition(" ")
+    given = given.strip() if scheme.lower() == "bearer" else ""
+    if given and settings.api_token is not None and token_matches(given, settings.api_token.get_secret_value()):
+        return Principal(ENV_TOKEN_NAME, (Scope.ADMIN,))  # before the file: it still works when the file is broken
     try:
         entries = ctx.tokens.entries()
     except TokenFileError as exc:
@@ -36,12 +40,8 @@ def identify(ctx: AppContext, authorization: str | None) -> Principal:
         raise Unavailable("the tokens file cannot be read; see the service log") from exc
     if settings.api_token is None and not entries and not ctx.tokens.exists():
         return ANONYMOUS
-    scheme, _, given = (authorization or "").partition(" ")
-    given = given.strip()
-    if scheme.lower() != "bearer" or not given:
+    if not given:
         raise Unauthorized(MISSING_TOKEN)
-    if settings.api_token is not None and token_matches(given, settings.api_token.get_secret_value()):
-        return Principal(ENV_TOKEN_NAME, (Scope.ADMIN,))
     principal = ctx.tokens.find(given)
     if principal is None:
         raise Unauthorized("unknown or revoked bearer token")

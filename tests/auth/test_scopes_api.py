@@ -181,3 +181,14 @@ def test_the_access_log_names_the_token_never_the_token(scoped: Scoped, caplog: 
     assert by_path["/mcp"].__dict__["token"] == "t-operate"
     for record in lines:
         assert all(token not in record.getMessage() for token in scoped.tokens.values())
+
+
+def test_a_broken_tokens_file_fails_closed_but_the_env_token_still_works(scoped: Scoped) -> None:
+    scoped.live.settings.tokens_path.write_text("{not json")
+    with scoped.client(Scope.ADMIN) as client:
+        response = client.get("/runs")
+        assert response.status_code == 503 and "tokens file" in response.json()["error"]["message"]
+    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+        assert anonymous.get("/runs").status_code == 503  # never open
+    with scoped.live.client(token=ADMIN_TOKEN) as admin:
+        assert admin.get("/runs").status_code == 200
