@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.auth.scopes import Scope
 from service.context import AppContext
 from service.environments import service as environments
 from service.errors import RateLimited, ValidationFailed
@@ -205,6 +206,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EnvironmentsResult,
         list_environments,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_select_environment",
@@ -214,6 +216,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         SelectedResult,
         select_environment,
         Hints(idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_current_config",
@@ -223,6 +226,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         CurrentConfigResult,
         get_current_config,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_edit_config",
@@ -231,6 +235,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EditedResult,
         edit_config,
         Hints(idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_start_training",
@@ -240,6 +245,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StartedResult,
         start_training,
         Hints(open_world=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_check_status",
@@ -248,6 +254,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StatusResult | RateLimitedResult,
         check_status,
         Hints(read_only=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_stop_training",
@@ -256,6 +263,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StoppedResult,
         stop_training,
         Hints(destructive=True, idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_results",
@@ -264,6 +272,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         ResultsResult,
         get_results,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_list_runs",
@@ -273,5 +282,6 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         RunsResult,
         list_runs,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
 )
