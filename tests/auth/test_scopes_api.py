@@ -5,7 +5,6 @@ The route table is generated from the app's routes: a new route that declares no
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from service.auth.scopes import Scope, allows
 from service.auth.tokens import TokenStore
 from service.settings import Settings
 from service.tools.catalog import ALL_TOOLS
+from tests.support import mcp_raw
 from tests.support.live import LiveService, live_service
 from tests.support.waiting import wait_until
 
@@ -133,8 +133,7 @@ def test_tools_are_listed_and_refused_by_scope(scoped: Scoped) -> None:
 
 
 def mcp(client: httpx.Client, method: str, params: dict[str, Any]) -> httpx.Response:
-    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-    return client.post("/mcp", content=json.dumps(body), headers=MCP_HEADERS)
+    return mcp_raw.call(client, method, params)
 
 
 def test_mcp_lists_and_refuses_by_scope(scoped: Scoped) -> None:

@@ -16,6 +16,7 @@ from service.auth.tokens import TokenStore
 from service.db.engine import Database
 from service.db.models import Run
 from service.settings import BUILTIN_ENVIRONMENTS_DIR, Settings
+from tests.support import mcp_raw
 from tests.support.live import LiveService, live_service
 
 ADMIN_TOKEN = "authoring-admin-token"
@@ -206,7 +207,7 @@ def test_the_tools_read_and_write_with_the_validation_result_over_rest_and_mcp(a
         "method": "tools/call",
         "params": {"name": "rl_write_environment", "arguments": {"name": "echo_variant", "source": variant()}},
     }
-    response = admin.post("/mcp", content=json.dumps(call), headers=MCP_HEADERS)
+    response = admin.post("/mcp", content=json.dumps(call), headers=mcp_raw.open_session(admin))
     written = response.json()["result"]["structuredContent"]
     assert written["version"] == 1 and written["validation"]["ok"], written
     stale = admin.post(
