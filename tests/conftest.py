@@ -11,6 +11,7 @@ import pytest
 
 from service.settings import Settings
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database, migrated_databases
+from tests.support.environment_schemas import shared_schemas
 from tests.support.live import InProcessService, in_process_service
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,16 @@ TEST_DATA = REPO_ROOT / "tests" / "data"
 # Secrets of the developer's shell must not leak into tests (nor tests depend on them).
 for _name in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN"):
     os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def environment_schemas_once(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each environment is imported once per session (tests marked `real_introspection` import it every time)."""
+    if request.node.get_closest_marker("real_introspection"):
+        yield
+        return
+    with shared_schemas():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,14 @@ from service.settings import Settings
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.inference_tests.test_inference_tests_e2e import stored_jobs, wait_ended
 from tests.support.endpoints import GARBLED_MODEL, STALLED_MODEL
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 
 
 def test_default_endpoint_without_openrouter_key_is_refused_before_anything_runs(
     inference_settings: Callable[..., Settings],
 ) -> None:
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
         refused = client.post("/inference-tests", json={"environment": "echo"})
         assert refused.status_code == 409
         error = refused.json()["error"]
@@ -34,7 +34,7 @@ def test_unloadable_tokenizer_is_refused_before_anything_runs(
     inference_settings: Callable[..., Settings], endpoint: str, tmp_path: Path
 ) -> None:
     missing = tmp_path / "no-model-here"
-    with live_service(inference_settings(tokenizer_name=str(missing))) as live, live.client() as client:
+    with in_process_service(inference_settings(tokenizer_name=str(missing))) as live, live.client() as client:
         refused = client.post("/inference-tests", json={"environment": "echo", "base_url": endpoint})
         assert refused.status_code == 409
         error = refused.json()["error"]
@@ -57,7 +57,7 @@ def test_invalid_requests_are_refused_with_their_own_codes(
         ({"environment": "echo", "base_url": "ftp://example.com/v1"}, 422, "VALIDATION_ERROR"),
         ({"environment": "echo", "api_key": "sk-from-the-body"}, 422, "VALIDATION_ERROR"),
     ]
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
         for body, status, code in cases:
             answer = client.post("/inference-tests", json={"base_url": endpoint, **body})
             assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), body
@@ -70,7 +70,7 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
     models = [SERVED_MODELS[0], STALLED_MODEL, GARBLED_MODEL]
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
         body = {
             "environment": "echo",
             "num_steps": 2,
@@ -105,7 +105,7 @@ def test_cancel_and_restart_stop_the_children(
         "models": [STALLED_MODEL],
         "base_url": faulty_endpoint,
     }
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         cancelled = client.post("/inference-tests", json=body).json()["id"]
         wait_until(lambda: child_processes(settings), timeout=60, message="the model's child process")
         assert client.post(f"/jobs/{cancelled}/cancel").status_code == 200
@@ -115,7 +115,7 @@ def test_cancel_and_restart_stop_the_children(
         interrupted = client.post("/inference-tests", json=body).json()["id"]
         wait_until(lambda: child_processes(settings), timeout=60, message="the model's child process")
     assert not child_processes(settings), "the service stopped but left its child running"
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         test = client.get(f"/inference-tests/{interrupted}").json()
     assert test["status"] == "failed" and "restarted" in test["error"]
 
@@ -127,7 +127,7 @@ def test_secrets_printed_or_raised_by_the_environment_are_scrubbed(
     extra.mkdir()
     (extra / "leaky.py").write_text(LEAKY_ENVIRONMENT)
     settings = inference_settings(environment_dirs=str(extra))
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         body = {
             "environment": "leaky",
             "num_steps": 1,

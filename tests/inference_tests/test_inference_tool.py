@@ -8,12 +8,12 @@ from collections.abc import Callable
 from service.settings import Settings
 from tests.inference_tests.conftest import SERVED_MODELS
 from tests.ops.cli import rlctl
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 
 
 def test_an_agent_tests_the_selected_environment(inference_settings: Callable[..., Settings], endpoint: str) -> None:
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
 
         def call(tool: str, **arguments: object) -> dict:
             response = client.post(f"/tools/{tool}", json=arguments, headers={"X-Tool-Session": "tester"})
@@ -39,7 +39,7 @@ def test_an_agent_tests_the_selected_environment(inference_settings: Callable[..
 def test_the_cli_runs_an_inference_test_and_follows_it(
     inference_settings: Callable[..., Settings], endpoint: str
 ) -> None:
-    with live_service(inference_settings()) as live:
+    with in_process_service(inference_settings()) as live:
         result = rlctl(
             live.base_url,
             "inference-test",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import TEST_DATA, build_settings
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from tests.support.reaper import stop_run_processes
 from tests.support.waiting import wait_until
 
@@ -40,8 +40,8 @@ def run_settings(tmp_path: Path, process_database_url: str) -> Callable[..., Any
 
 
 @pytest.fixture
-def run_service(run_settings: Callable[..., Any]) -> Iterator[LiveService]:
-    with live_service(run_settings()) as live:
+def run_service(run_settings: Callable[..., Any]) -> Iterator[Service]:
+    with in_process_service(run_settings()) as live:
         yield live
 
 

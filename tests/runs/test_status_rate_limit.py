@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 from sqlalchemy import func, select
 
 from service.db.engine import Database
 from service.db.models import Run, StatusCheck
 from service.settings import Settings
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 
 
@@ -33,7 +32,7 @@ def status_rows(database_url: str) -> int:
 def test_second_check_is_429_with_retry_after_and_the_last_snapshot(
     make_settings: Callable[..., Settings], database_url: str
 ) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         add_run(database_url, "run1")
         first = client.get("/runs/run1/status")
         assert first.status_code == 200, first.text
@@ -53,7 +52,7 @@ def test_second_check_is_429_with_retry_after_and_the_last_snapshot(
 
 
 def test_unknown_id_is_404_and_consumes_nothing(make_settings: Callable[..., Settings], database_url: str) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         add_run(database_url, "known")
         missing = client.get("/runs/unknown1/status")
         assert missing.status_code == 404
@@ -64,21 +63,21 @@ def test_unknown_id_is_404_and_consumes_nothing(make_settings: Callable[..., Set
 
 def test_the_limit_holds_across_a_restart(make_settings: Callable[..., Settings], database_url: str) -> None:
     settings = make_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         add_run(database_url, "kept")
         assert client.get("/runs/kept/status").status_code == 200
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         limited = client.get("/runs/kept/status")
         assert limited.status_code == 429
         assert limited.json()["last_snapshot"]["run_id"] == "kept"
 
 
 def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., Settings], database_url: str) -> None:
-    with live_service(make_settings()) as live:
+    with in_process_service(make_settings()) as live:
         add_run(database_url, "busy")
 
         def check(_: int) -> int:
-            with httpx.Client(base_url=live.base_url, timeout=60) as client:
+            with live.client() as client:
                 return client.get("/runs/busy/status").status_code
 
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -87,7 +86,7 @@ def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., 
 
 
 def test_a_check_is_allowed_again_after_the_interval(make_settings: Callable[..., Settings], database_url: str) -> None:
-    with live_service(make_settings(status_check_interval_s=1)) as live, live.client() as client:
+    with in_process_service(make_settings(status_check_interval_s=1)) as live, live.client() as client:
         add_run(database_url, "later")
         assert client.get("/runs/later/status").status_code == 200
         assert client.get("/runs/later/status").status_code == 429

@@ -39,6 +39,10 @@ class Service:
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         raise NotImplementedError
 
+    def anonymous(self, headers: dict[str, str] | None = None) -> httpx.Client:
+        """A client with exactly `headers`: no token unless they carry one."""
+        raise NotImplementedError
+
     def _headers(self, token: str | None) -> dict[str, str]:
         token = token or (self.settings.api_token.get_secret_value() if self.settings.api_token else None)
         return {"Authorization": f"Bearer {token}"} if token else {}
@@ -52,6 +56,9 @@ class LiveService(Service):
         return httpx.Client(
             base_url=self.base_url, headers=self._headers(token), timeout=scaled(REQUEST_TIMEOUT_S), **kwargs
         )
+
+    def anonymous(self, headers: dict[str, str] | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=headers or {}, timeout=scaled(REQUEST_TIMEOUT_S))
 
 
 class _AppClient(TestClient):
@@ -83,6 +90,10 @@ class InProcessService(Service):
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         assert self.portal is not None, "the service has stopped"
         return _AppClient(self.app, self.portal, {**self._headers(token), **kwargs.pop("headers", {})})
+
+    def anonymous(self, headers: dict[str, str] | None = None) -> httpx.Client:
+        assert self.portal is not None, "the service has stopped"
+        return _AppClient(self.app, self.portal, headers or {})
 
 
 @contextmanager

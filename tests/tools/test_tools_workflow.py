@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from service.settings import Settings
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from tests.support.waiting import wait_until
 
 
@@ -21,7 +21,7 @@ def call(client: httpx.Client, tool: str, session: str | None = None, **argument
 
 
 def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None:
-    with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
+    with in_process_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
         listed = call(client, "rl_list_environments")
         assert {"echo", "gsm8k"} <= {e["name"] for e in listed["environments"]}
         assert listed["count"] == len(listed["environments"]) and listed["tips"]
@@ -75,12 +75,12 @@ def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
     make_settings: Callable[..., Settings],
 ) -> None:
     settings = make_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         call(client, "rl_select_environment", session="agent-a", name="echo")
         call(client, "rl_select_environment", session="agent-b", name="gsm8k")
         call(client, "rl_edit_config", session="agent-a", field="group_size", value=4)
         call(client, "rl_edit_config", session="agent-b", field="max_new_tokens", value=64)
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         a = call(client, "rl_get_current_config", session="agent-a")
         b = call(client, "rl_get_current_config", session="agent-b")
         assert a["environment"] == "echo" and b["environment"] == "gsm8k"
@@ -102,7 +102,7 @@ def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
     ],
 )
 def test_wrong_arguments_give_an_error_result_naming_the_argument(
-    service: LiveService, tool: str, arguments: dict, argument: str
+    service: Service, tool: str, arguments: dict, argument: str
 ) -> None:
     with service.client() as client:
         result = call(client, tool, **arguments)
@@ -110,7 +110,7 @@ def test_wrong_arguments_give_an_error_result_naming_the_argument(
         assert argument in result["error"]
 
 
-def test_tool_errors_are_results_and_unknown_tools_are_404(service: LiveService) -> None:
+def test_tool_errors_are_results_and_unknown_tools_are_404(service: Service) -> None:
     with service.client() as client:
         assert call(client, "rl_select_environment", name="nope")["available"]
         missing = call(client, "rl_check_status", run_id="abc123")
@@ -121,7 +121,7 @@ def test_tool_errors_are_results_and_unknown_tools_are_404(service: LiveService)
         assert client.post("/tools/rl_list_runs", json={}, headers={"X-Tool-Session": "../x"}).status_code == 422
 
 
-def test_tool_schemas_are_strict_function_calling_schemas(service: LiveService) -> None:
+def test_tool_schemas_are_strict_function_calling_schemas(service: Service) -> None:
     with service.client() as client:
         tools = client.get("/tools").json()["tools"]
     names = [t["function"]["name"] for t in tools]
