@@ -15,7 +15,7 @@ from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.inference_tests.test_inference_tests_e2e import stored_jobs, wait_ended
 from tests.support.endpoints import GARBLED_MODEL, STALLED_MODEL
 from tests.support.live import in_process_service
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 
 
 def test_default_endpoint_without_openrouter_key_is_refused_before_anything_runs(
@@ -70,6 +70,9 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
     models = [SERVED_MODELS[0], STALLED_MODEL, GARBLED_MODEL]
+    # One time-out for all three: long enough for the healthy model's whole run (a child that imports atroposlib,
+    # then six completions) on a loaded 2-core machine, which the stalled one then waits out.
+    timeout_s = round(scaled(60))
     with in_process_service(inference_settings()) as live, live.client() as client:
         body = {
             "environment": "echo",
@@ -77,7 +80,7 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
             "group_size": 3,
             "models": models,
             "base_url": faulty_endpoint,
-            "timeout_s": 20,
+            "timeout_s": timeout_s,
         }
         created = client.post("/inference-tests", json=body)
         assert created.status_code == 202, created.text
@@ -86,7 +89,7 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     by_model = {r["model"]: r for r in test["result"]["models_tested"]}
     assert by_model[SERVED_MODELS[0]]["status"] == "succeeded" and by_model[SERVED_MODELS[0]]["steps_tested"] == 2
     assert by_model[STALLED_MODEL]["status"] == "failed"
-    assert by_model[STALLED_MODEL]["error"] == "timed out after 20 s (0 of 2 steps done)"
+    assert by_model[STALLED_MODEL]["error"] == f"timed out after {timeout_s} s (0 of 2 steps done)"
     assert by_model[GARBLED_MODEL]["status"] == "failed"
     assert "not a chat completion" in by_model[GARBLED_MODEL]["error"]
     summary = test["result"]["summary"]

@@ -17,7 +17,7 @@ from service.settings import Settings
 from tests.conftest import build_settings
 from tests.ops.cli import LineCollector, rlctl, spawn, stop
 from tests.support.live import free_port, live_service
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 
 TOKEN = "cli-client-token"
 TERMINAL = {"completed", "stopped", "failed"}
@@ -47,8 +47,8 @@ def test_the_cli_drives_an_offline_run_to_completion_following_its_trainer_log(r
         try:
             followed_log = LineCollector(log_follower.stdout, first_line_seen)
             progress, record = LineCollector(run_follower.stderr), LineCollector(run_follower.stdout)
-            assert run_follower.wait(timeout=360) == 0, progress.text()
-            assert log_follower.wait(timeout=60) == 0, log_follower.stderr.read()  # type: ignore[union-attr]
+            assert run_follower.wait(timeout=scaled(360)) == 0, progress.text()
+            assert log_follower.wait(timeout=scaled(60)) == 0, log_follower.stderr.read()  # type: ignore[union-attr]
             for collector in (followed_log, progress, record):
                 collector.join(timeout=10)
         finally:
@@ -162,7 +162,7 @@ def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settin
             # the job waits at 1/3 until the follower has shown it: progress is live, not a summary at the end
             wait_until(lambda: "running [######" in progress.text() and "1/3" in progress.text(), timeout=60)
             gate.set()
-            follower.wait(timeout=60)
+            follower.wait(timeout=scaled(60))
             progress.join(timeout=10)
             output.join(timeout=10)
         finally:
