@@ -77,6 +77,7 @@ def all_items(client: httpx.Client, collection_id: str) -> list[dict[str, Any]]:
     return client.get(f"/collections/{collection_id}/items", params={"limit": 200}).json()["items"]
 
 
+@pytest.mark.e2e
 def test_cancel_then_resume_runs_every_pair_exactly_once(
     make_settings: Callable[..., Settings], tiny_endpoint: TinyEndpoint
 ) -> None:
@@ -132,6 +133,7 @@ def test_cancel_then_resume_runs_every_pair_exactly_once(
     )
 
 
+@pytest.mark.e2e
 def test_a_service_restart_resumes_and_discarded_pairs_are_not_run_again(
     make_settings: Callable[..., Settings], tiny_endpoint: TinyEndpoint
 ) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from service.settings import Settings
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
@@ -66,6 +67,7 @@ def test_invalid_requests_are_refused_with_their_own_codes(
         assert client.get("/inference-tests").json()["count"] == 0
 
 
+@pytest.mark.e2e
 def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_completes(
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
@@ -97,6 +99,7 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     assert test["progress"] == {"done": 6, "total": 6}
 
 
+@pytest.mark.e2e
 def test_cancel_and_restart_stop_the_children(
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
@@ -123,6 +126,7 @@ def test_cancel_and_restart_stop_the_children(
     assert test["status"] == "failed" and "restarted" in test["error"]
 
 
+@pytest.mark.e2e
 def test_secrets_printed_or_raised_by_the_environment_are_scrubbed(
     inference_settings: Callable[..., Settings], endpoint: str, tmp_path: Path
 ) -> None:

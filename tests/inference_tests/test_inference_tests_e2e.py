@@ -22,6 +22,8 @@ from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 UNKNOWN_MODEL = "nobody/no-such-model"
 ENDED = {"succeeded", "failed", "cancelled"}
 

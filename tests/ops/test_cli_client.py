@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from service.jobs.runner import JobFailed, JobHandle, JobKind
@@ -23,6 +24,7 @@ TOKEN = "cli-client-token"
 TERMINAL = {"completed", "stopped", "failed"}
 
 
+@pytest.mark.e2e
 def test_the_cli_drives_an_offline_run_to_completion_following_its_trainer_log(run_settings) -> None:  # type: ignore[no-untyped-def]
     settings = run_settings(api_token=TOKEN)
     with live_service(settings) as live, live.client() as api:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
+import pytest
 
 from service.db.engine import Database
 from service.db.models import Run, RunProcess
@@ -17,6 +18,8 @@ from tests.runs.conftest import wait_for_status
 from tests.support.live import in_process_service
 from tests.support.reaper import process_alive
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def test_runs_of_a_dead_replica_end_with_a_reason_and_its_processes_are_not_signalled(

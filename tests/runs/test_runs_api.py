@@ -166,6 +166,7 @@ def test_logs_tail_and_follow_until_the_run_ends(service: Service, database_url:
         assert received == ["line 9", "line 10", "line 11"]
 
 
+@pytest.mark.e2e
 def test_a_run_without_progress_is_flagged_stalled(run_settings: Callable[..., Settings], tmp_path: Path) -> None:
     """gsm8k on the tiny model: every reward is 0, Atropos drops each group, no step ever happens."""
     with in_process_service(run_settings(stall_after_s=3, local_total_steps=50)) as live, live.client() as client:

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from tests.runs.conftest import wait_for_status
 from tests.support.live import Service, in_process_service
 from tests.support.reaper import process_alive
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def start(client: httpx.Client, **body: object) -> dict:

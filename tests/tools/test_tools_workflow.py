@@ -20,6 +20,7 @@ def call(client: httpx.Client, tool: str, session: str | None = None, **argument
     return response.json()
 
 
+@pytest.mark.e2e
 def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None:
     with in_process_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
         listed = call(client, "rl_list_environments")
@@ -71,6 +72,7 @@ def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None
         assert "final_metrics" in results and "weights" in results
 
 
+@pytest.mark.e2e
 def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
     make_settings: Callable[..., Settings],
 ) -> None:
