@@ -66,12 +66,14 @@ class _AppClient(TestClient):
     starts nothing (a TestClient's own `with` would start the app a second time)."""
 
     def __init__(self, app: FastAPI, portal: BlockingPortal, headers: dict[str, str]) -> None:
-        # As a loopback server sees it: a 500 is a response (never an exception in the test), from 127.0.0.1.
+        # As an httpx client of a loopback server sees it: a 500 is a response (never an exception in the test),
+        # redirects are not followed, the caller is 127.0.0.1.
         super().__init__(
             app,
             base_url="http://127.0.0.1",
             headers=headers,
             raise_server_exceptions=False,
+            follow_redirects=False,
             client=("127.0.0.1", 50000),
         )
         self.portal = portal
