@@ -98,6 +98,7 @@ def sqlite_settings(tmp_path: Path, **overrides: Any) -> Settings:
     return build_settings(tmp_path / "var", f"sqlite:///{tmp_path / 'rlctl.db'}", **overrides)
 
 
+@pytest.mark.e2e
 def test_environments_errors_and_connection_options(tmp_path: Path) -> None:
     with live_service(sqlite_settings(tmp_path, api_token=TOKEN)) as live:
         listed = rlctl(live.base_url, "envs", "list", token=TOKEN)
@@ -153,6 +154,7 @@ def _register(app: FastAPI) -> None:
     app.state.context.jobs.register(JobKind("cli_failing", _failing))
 
 
+@pytest.mark.e2e
 def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settings]) -> None:
     gate.clear()
     with live_service(make_settings(), _register) as live:
