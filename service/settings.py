@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     collection_key_hosts: str = Field(
         "openrouter.ai", description="Hosts (':'-separated) that may receive the collection or OpenRouter key."
     )
+    sandbox_bwrap: str = Field("bwrap", description="The sandbox program of the terminal tool (docs/SECURITY.md).")
+    sandbox_uid: int = Field(
+        65534, ge=1, le=(1 << 31) - 2, description="Unprivileged user of sandboxed commands when the service is root."
+    )
     # --- inference tests: a key goes to its own endpoint only (docs/INFERENCE_TESTS.md#keys) ---
     openrouter_base_url: str = Field(
         "https://openrouter.ai/api/v1", description="Default endpoint of inference tests; OPENROUTER_API_KEY's."

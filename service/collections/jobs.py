@@ -13,6 +13,7 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from sqlalchemy import select
 
 from service.collections import service
 from service.collections.agent import AgentSettings, BadResponse, Interrupted, Trajectory, run_agent
+from service.collections.sandbox import Sandbox, find_sandbox
 from service.collections.schemas import CollectionStatus
 from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
 from service.collections.tools import Toolbox
@@ -97,6 +99,10 @@ class CollectionRun:
         self._done = 0
         self._consecutive_connection_failures = 0
         self._unreachable: str | None = None
+        self.runner: Sandbox | None = None
+        if "terminal" in params["tools"]:  # checked at creation; a service moved since then gets None: refusals
+            found = find_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
+            self.runner = found if isinstance(found, Sandbox) else None
 
     def execute(self, name: str) -> dict[str, Any]:
         if (finished := self._finished_output()) is not None:
@@ -147,7 +153,7 @@ class CollectionRun:
         shutil.rmtree(sandbox, ignore_errors=True)
         sandbox.mkdir(parents=True)
         toolbox = Toolbox(
-            self.params["tools"], sandbox, self.params["tool_timeout_s"], self.params["tool_output_limit"]
+            self.params["tools"], sandbox, self.params["tool_timeout_s"], self.params["tool_output_limit"], self.runner
         )
         try:
             trajectory = run_agent(
@@ -178,7 +184,7 @@ class CollectionRun:
         prompt = self.prompts[prompt_index]
         item = {
             **{key: value for key, value in prompt.items() if key != "prompt"},
-            "messages": trajectory.messages,
+            "messages": _scrubbed(trajectory.messages, self.ctx.scrub),
             "tools": toolbox.schemas(),
             "completed": trajectory.completed,
             "collection_id": self.id,
@@ -311,6 +317,18 @@ class CollectionRun:
     def _load_item(self, prompt_index: int, run_index: int) -> TrajectoryRecord:
         path = self._item_path(prompt_index, run_index)
         return record_from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _scrubbed(value: Any, scrub: Callable[[str], str]) -> Any:
+    """Every string of a JSON value with each configured secret replaced (model text and tool output may hold one:
+    a model may have been told one, or a tool may have printed one)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, list):
+        return [_scrubbed(item, scrub) for item in value]
+    if isinstance(value, dict):
+        return {key: _scrubbed(item, scrub) for key, item in value.items()}
+    return value
 
 
 def _read_prompts(path: Path) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.collections.sandbox import require_sandbox
 from service.collections.schemas import (
     ENDED,
     CollectionItemOut,
@@ -45,6 +46,8 @@ def collection_dir(ctx: AppContext, collection_id: str) -> Path:
 
 def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> CollectionOut:
     """Store the prompts and the collection, then start its job. Returns the collection."""
+    if "terminal" in request.tools:  # never run unsandboxed: refused before anything is stored
+        require_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
     collection_id = "col" + uuid.uuid4().hex[:13]
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)

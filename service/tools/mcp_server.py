@@ -21,13 +21,13 @@ from starlette.types import Receive, Scope, Send
 
 from service.auth import token_matches
 from service.context import AppContext
-from service.errors import Unauthorized
+from service.errors import ServiceError, Unauthorized
 from service.http import error_response
 from service.runs.ratelimit import describe_interval
 from service.settings import Settings
 from service.tools import service
 from service.tools.catalog import ALL_TOOLS
-from service.tools.registry import Tool, ToolNotFound
+from service.tools.registry import Tool
 
 INVALID_PARAMS = -32602
 
@@ -100,8 +100,8 @@ class McpEndpoint:
             result = await anyio.to_thread.run_sync(
                 service.call_tool, self.ctx, params.name, params.arguments or {}, session_header
             )
-        except ToolNotFound as exc:
-            raise MCPError(INVALID_PARAMS, exc.message, exc.details) from exc
+        except ServiceError as exc:  # an unknown tool, a bad X-Tool-Session: the caller's error, with its code
+            raise MCPError(INVALID_PARAMS, exc.message, {"code": exc.code, **exc.details}) from exc
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=json.dumps(result))],
             structured_content=result,
