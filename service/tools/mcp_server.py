@@ -40,6 +40,14 @@ def instructions(settings: Settings) -> str:
     )
 
 
+class NoEventStream(ServiceError):
+    status_code = 405
+    code = "METHOD_NOT_ALLOWED"
+
+    def __init__(self) -> None:
+        super().__init__("this MCP endpoint offers no server-sent event stream: POST requests only")
+
+
 class McpEndpoint:
     """The ASGI app mounted at /mcp, and the session manager whose lifetime the service's lifespan holds."""
 
@@ -69,6 +77,11 @@ class McpEndpoint:
         if not self._authorized(scope):
             error = Unauthorized("missing or wrong bearer token: send 'Authorization: Bearer <RLCTL_API_TOKEN>'")
             await error_response(error)(scope, receive, send)
+            return
+        if scope.get("method") == "GET":
+            # Stateless: the server never sends a message of its own, so a GET event stream would only stay open
+            # (300 idle streams held 339 descriptors). MCP lets a server without one answer 405.
+            await error_response(NoEventStream())(scope, receive, send)
             return
         await self._app(scope, receive, send)
 
