@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +24,7 @@ from service.inference_tests.summary import result_file_stem
 from service.observability import SecretScrubber
 from service.settings import Settings
 from tests.support.live import LiveService, live_service
+from tests.support.service_process import service_process
 from trajectories.reading import MAX_NESTING
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
@@ -173,3 +176,31 @@ def test_model_ids_map_to_distinct_safe_file_names() -> None:
     assert len(set(stems)) == len(ids)
     assert all("/" not in stem and " " not in stem and len(stem) <= 200 for stem in stems)
     assert result_file_stem("gsm8k", "qwen/qwen3-8b") == "test_gsm8k_qwen_qwen3-8b"
+
+
+def test_health_answers_while_megabytes_of_hostile_tags_are_parsed(tmp_path: Path) -> None:
+    # The former parser took minutes on each of these, holding the interpreter: /healthz waited as long. A
+    # request time-out far above a healthy answer and far below that tells the two apart (figures: benchmarks).
+    # The service is a process of its own: a frozen interpreter must not be this test's.
+    megabyte = 1 << 20
+    bodies = [
+        _record(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": tag * (megabyte // 11)}])
+        for tag in ("<tool_call>", "<think>", "<tool_response>", "<tools>")
+    ]
+    environment = {"RLCTL_DATA_DIR": str(tmp_path / "var"), "RLCTL_DATABASE_URL": f"sqlite:///{tmp_path / 'db'}"}
+    outcome: list[int] = []
+    with service_process(environment, tmp_path / "service.log") as live:
+
+        def upload() -> None:
+            with httpx.Client(base_url=live.base_url, timeout=60) as client:
+                outcome.extend(client.post("/datasets", params={"name": "h"}, content=b).status_code for b in bodies)
+
+        worker = threading.Thread(target=upload, daemon=True)
+        worker.start()
+        answered = 0
+        with httpx.Client(base_url=live.base_url, timeout=5) as probe:
+            while worker.is_alive() or answered == 0:
+                assert probe.get("/healthz").status_code == 200
+                answered += 1
+        worker.join(timeout=60)
+    assert outcome == [201, 201, 201, 201]
