@@ -103,6 +103,7 @@ class Settings(BaseSettings):
     # --- trajectory datasets and collections ---
     dataset_upload_max_bytes: int = Field(4 << 30, gt=0, description="Largest dataset upload (streamed to disk).")
     collection_max_body_bytes: int = Field(16 << 20, gt=0, description="Largest POST /collections body (prompts).")
+    collection_max_bytes: int = Field(4 << 30, gt=0, description="Kept trajectories of one collection at most.")
     dataset_tokenizer: str | None = Field(
         None, description="Default token counter by name; else the run tokenizer when cached locally, else approx."
     )

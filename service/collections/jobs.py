@@ -98,7 +98,8 @@ class CollectionRun:
         self._lock = threading.Lock()
         self._done = 0
         self._consecutive_connection_failures = 0
-        self._unreachable: str | None = None
+        self._unreachable: str | None = None  # why the job stops early (the endpoint, or the size limit)
+        self._kept_bytes = sum(p.stat().st_size for p in (self.directory / "items").glob("*.json"))
         self.runner: Sandbox | None = None
         if "terminal" in params["tools"]:  # checked at creation; a service moved since then gets None: refusals
             found = find_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
@@ -210,8 +211,17 @@ class CollectionRun:
         if self.params.get("discard_without_reasoning") and not has_reasoning:
             self._save_item(prompt_index, run_index, DISCARDED, "no_reasoning", **outcome)
             return
-        write_json_atomically(self._item_path(prompt_index, run_index), record_to_dict(record))
+        path = self._item_path(prompt_index, run_index)
+        write_json_atomically(path, record_to_dict(record))
         self._save_item(prompt_index, run_index, KEPT, None, **outcome)
+        limit = self.ctx.settings.collection_max_bytes
+        with self._lock:
+            self._kept_bytes += path.stat().st_size
+            if self._kept_bytes > limit and self._unreachable is None:
+                self._unreachable = (
+                    f"the collection's kept trajectories hold {self._kept_bytes} bytes, over "
+                    f"RLCTL_COLLECTION_MAX_BYTES ({limit}); kept items stay: raise the limit and resume to go on"
+                )
 
     def _record_failure(self, prompt_index: int, run_index: int, error: Exception, connection: bool = False) -> None:
         reason = self.ctx.scrub(f"{type(error).__name__}: {error}")[:2000]

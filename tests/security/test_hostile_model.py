@@ -142,3 +142,23 @@ def _processes_named(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_a_collection_stops_at_its_total_size(make_settings: Callable[..., Settings]) -> None:
+    def talkative(_body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, {"content": "<think>more</think>" + "word " * 20_000}
+
+    settings = make_settings(collection_max_bytes=150_000)
+    with chat_server(talkative) as model, live_service(settings) as live, live.client() as client:
+        body = {"name": "big", "prompts": [{"prompt": f"p{i}"} for i in range(5)], "base_url": model.base_url,
+                "model": "m", "concurrency": 1}  # fmt: skip
+        collection_id = client.post("/collections", json=body).json()["id"]
+        done = wait_until(
+            lambda: (
+                (c := client.get(f"/collections/{collection_id}").json())["status"] in ("completed", "failed") and c
+            ),
+            timeout=60,
+            message="the collection stops",
+        )
+    assert done["status"] == "failed" and "RLCTL_COLLECTION_MAX_BYTES" in done["error"], done
+    assert 1 <= done["progress"]["kept"] < 10 and done["progress"]["pending"] > 0
