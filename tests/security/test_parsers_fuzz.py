@@ -92,3 +92,12 @@ def test_text_lines_of_any_kind_give_items_or_item_errors(lines: list[str]) -> N
     for container in ("auto", "jsonl", "json"):
         for item in read_items(lines, container):
             assert isinstance(item, RawItem | ItemError)
+
+
+def test_the_gsm8k_scorer_reads_hostile_completions_in_one_pass() -> None:
+    from environments.gsm8k import extract_answer
+
+    megabyte = 1 << 20
+    assert extract_answer("<think>" * (megabyte // 7)) is None  # unclosed reasoning: no answer yet
+    assert extract_answer("answer is" + "\t" * megabyte + "x 7") == "7"
+    assert extract_answer("<think>a</think>" * (megabyte // 16) + "#### 12") == "12"
