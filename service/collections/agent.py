@@ -23,6 +23,7 @@ MAX_REPLY_CHARS = 400_000  # content and reasoning of one model reply
 MAX_CALLS_PER_REPLY = 32
 MAX_TOOL_CALLS = 256  # tool calls of one item
 MAX_TOOL_OUTPUT_CHARS = 4_000_000  # tool results of one item, together
+MAX_RESPONSE_BYTES = 8 << 20  # one HTTP answer of the model endpoint, read no further (a reply at its cap is less)
 
 
 class BadResponse(Exception):

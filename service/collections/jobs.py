@@ -13,17 +13,25 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx2  # the HTTP library of the openai SDK (its fork of httpx)
 import openai
 from sqlalchemy import select
 
 from service.collections import service
-from service.collections.agent import AgentSettings, BadResponse, Interrupted, Trajectory, run_agent
+from service.collections.agent import (
+    MAX_RESPONSE_BYTES,
+    AgentSettings,
+    BadResponse,
+    Interrupted,
+    Trajectory,
+    run_agent,
+)
 from service.collections.sandbox import Sandbox, find_sandbox
 from service.collections.schemas import CollectionStatus
 from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
@@ -94,6 +102,7 @@ class CollectionRun:
             api_key=service.chat_api_key(ctx, params["base_url"]),
             max_retries=2,
             timeout=openai.Timeout(params["request_timeout_s"], connect=min(10.0, params["request_timeout_s"])),
+            http_client=httpx2.Client(transport=LimitedTransport(MAX_RESPONSE_BYTES)),
         )
         self._lock = threading.Lock()
         self._done = 0
@@ -327,6 +336,45 @@ class CollectionRun:
     def _load_item(self, prompt_index: int, run_index: int) -> TrajectoryRecord:
         path = self._item_path(prompt_index, run_index)
         return record_from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+class ResponseTooLarge(openai.OpenAIError):
+    """An OpenAI error: the SDK raises it as it is (no retry, not taken for a connection error)."""
+
+
+class _LimitedStream(httpx2.SyncByteStream):
+    def __init__(self, stream: httpx2.SyncByteStream, limit: int) -> None:
+        self._stream, self._limit = stream, limit
+
+    def __iter__(self) -> Iterator[bytes]:
+        received = 0
+        for chunk in self._stream:
+            received += len(chunk)
+            if received > self._limit:
+                raise ResponseTooLarge(f"the endpoint's answer is over {self._limit} bytes")
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class LimitedTransport(httpx2.HTTPTransport):
+    """Reads at most `limit` bytes of an answer, whatever it declares: a model endpoint cannot fill the memory."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = super().handle_request(request)
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        return httpx2.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_LimitedStream(response.stream, self.limit),
+            extensions=response.extensions,
+            request=request,
+        )
 
 
 def _scrubbed(value: Any, scrub: Callable[[str], str]) -> Any:

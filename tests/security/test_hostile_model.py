@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.collections.agent import MAX_REPLY_CHARS
+from service.collections.agent import MAX_REPLY_CHARS, MAX_RESPONSE_BYTES
 from service.collections.sandbox import Sandbox
 from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
@@ -45,6 +45,8 @@ def hostile_script(
     def agent(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         turn = sum(1 for message in body["messages"] if message["role"] == "assistant")
         prompt = body["messages"][-1]["content"] if turn == 0 else ""
+        if "huge" in body["messages"][0]["content"]:
+            return 200, {"content": "x" * (MAX_RESPONSE_BYTES + 1000)}
         if "flood" in prompt or (turn and "flood" in body["messages"][1]["content"]):
             return 200, {"content": "<tool_call>" * ((1 << 20) // len("<tool_call>"))}
         if turn == 0:
@@ -77,7 +79,7 @@ def test_a_hostile_model_cannot_escape_steal_or_persist(
         with chat_server(hostile_script(data_dir, database, live.base_url)) as model:
             body = {
                 "name": "hostile",
-                "prompts": [{"prompt": "Do your worst."}, {"prompt": "flood"}],
+                "prompts": [{"prompt": "Do your worst."}, {"prompt": "flood"}, {"prompt": "huge"}],
                 "base_url": model.base_url,
                 "model": "hostile",
                 "tools": ["terminal", "read_file", "write_file"],
@@ -95,7 +97,7 @@ def test_a_hostile_model_cannot_escape_steal_or_persist(
                 timeout=120,
                 message="the hostile collection ends",
             )
-            assert done["status"] == "completed", done
+            assert done["status"] == "completed", done["error"]
             assert client.get("/healthz").status_code == 200
             items = client.get(f"/collections/{collection_id}/items").json()["items"]
             records = client.get(f"/datasets/{done['dataset_id']}/records", params={"limit": 50}).json()["records"]
@@ -105,6 +107,9 @@ def test_a_hostile_model_cannot_escape_steal_or_persist(
     flooded = [item for item in items if item["prompt_index"] == 1]
     assert {item["status"] for item in flooded} == {"failed"}
     assert all(f"over the limit of {MAX_REPLY_CHARS}" in item["reason"] for item in flooded)
+    huge = [item for item in items if item["prompt_index"] == 2]
+    assert {item["status"] for item in huge} == {"failed"}
+    assert all(f"over {MAX_RESPONSE_BYTES} bytes" in item["reason"] for item in huge), huge
     kept = [item for item in items if item["prompt_index"] == 0]
     assert {item["status"] for item in kept} == {"kept"} and len(records) == 2
 
