@@ -121,11 +121,8 @@ def test_cancel_then_resume_runs_every_pair_exactly_once(
         if key in early:
             assert record == early[key]  # kept before the cancel, not run again after it
         assert record["conversations"][0] == {"from": "human", "value": PROMPTS[record["metadata"]["prompt_index"]]}
-        assert record["metadata"]["answer"] == "5" and record["declared_tools"] == [
-            "terminal",
-            "read_file",
-            "write_file",
-        ]
+        # terminal is off unless asked for
+        assert record["metadata"]["answer"] == "5" and record["declared_tools"] == ["read_file", "write_file"]
     assert stats["records"] == 20 and stats["api_calls"]["total"] == 20
     assert stats["reasoning_stats"]["total_assistant_turns"] == 20 and stats["tool_calls"]["count"] == 0
     assert not (settings.data_path / "collections" / collection_id / "sandboxes").exists() or not any(
@@ -200,6 +197,7 @@ def test_tool_calls_run_in_the_sandbox_and_keys_go_only_to_allowed_hosts(
             "model": "scripted",
             "concurrency": 2,
             "max_turns": 5,
+            "tools": ["terminal", "read_file", "write_file"],
         }
         with in_process_service(settings) as live, live.client() as client:
             done_id = client.post("/collections", json=body).json()["id"]
