@@ -34,6 +34,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     RLCTL_DATA_DIR=/data \
     RLCTL_LOG_FORMAT=json
+# bubblewrap: the sandbox of the collections' terminal tool (docs/SECURITY.md); util-linux (prlimit, setpriv,
+# unshare) is part of every Debian image. The sandbox needs user namespaces, which Docker's default seccomp
+# profile refuses: without them `terminal` is refused (409 SANDBOX_UNAVAILABLE), never run unsandboxed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 rlctl \
     && useradd --system --uid 10001 --gid rlctl --home-dir /data --shell /usr/sbin/nologin rlctl \
     && mkdir -p /data \

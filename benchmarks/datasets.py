@@ -152,17 +152,22 @@ class Service:
         self.peak_rss = psutil.Process(self.process.pid).memory_info().rss
 
 
-def start_service(data_dir: Path) -> Service:
+def start_service(
+    data_dir: Path, extra_environment: dict[str, str] | None = None, log_path: Path | None = None
+) -> Service:
+    """`extra_environment` is added after the secrets of this shell are removed; the log goes to `log_path`."""
     port = free_ports(1)[0]
     environment = {**os.environ, "RLCTL_DATA_DIR": str(data_dir), "RLCTL_DATASET_UPLOAD_MAX_BYTES": str(8 << 30)}
     for secret in ("OPENROUTER_API_KEY", "RLCTL_SUMMARY_BASE_URL", "RLCTL_API_TOKEN"):
         environment.pop(secret, None)
+    environment.update(extra_environment or {})
+    log = log_path.open("wb") if log_path is not None else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
         cwd=REPO_ROOT,
         env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
         start_new_session=True,
     )
     service = Service(process, f"http://127.0.0.1:{port}")

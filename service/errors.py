@@ -60,6 +60,10 @@ class InvalidState(Conflict):
     code = "INVALID_STATE"
 
 
+class ClientGone(ServiceError):
+    code = "CLIENT_DISCONNECTED"
+
+
 class PayloadTooLarge(ServiceError):
     status_code = 413
     code = "PAYLOAD_TOO_LARGE"
@@ -68,6 +72,10 @@ class PayloadTooLarge(ServiceError):
 class ValidationFailed(ServiceError):
     status_code = 422
     code = "VALIDATION_ERROR"
+
+
+class InvalidValue(ValidationFailed):
+    code = "INVALID_VALUE"
 
 
 class InvalidName(ValidationFailed):

@@ -12,10 +12,12 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge, RateLimited, ServiceError
+from service.errors import ClientGone, InvalidValue, PayloadTooLarge, RateLimited, ServiceError
 from service.observability import request_id_var
 
 logger = logging.getLogger("rlctl.http")
@@ -38,6 +40,8 @@ def error_response(error: ServiceError) -> JSONResponse:
     headers = {}
     if isinstance(error, RateLimited):
         headers["Retry-After"] = str(max(1, int(error.retry_after_s + 0.999)))
+    if error.status_code == 401:
+        headers["WWW-Authenticate"] = "Bearer"  # RFC 6750: how to authenticate
     return JSONResponse(error.to_body(request_id_var.get()), status_code=error.status_code, headers=headers)
 
 
@@ -56,8 +60,23 @@ def install_error_handlers(app: FastAPI) -> None:
         error.status_code, error.code = 422, "VALIDATION_ERROR"
         return error_response(error)
 
+    @app.exception_handler(ClientDisconnect)
+    async def handle_disconnect(_request: Request, _exc: ClientDisconnect) -> JSONResponse:
+        # The client went away mid-body: its fault, not the service's; nobody reads this answer.
+        return error_response(ClientGone("the client disconnected before its request body ended"))
+
+    @app.exception_handler(DataError)
+    async def handle_data_error(_request: Request, exc: DataError) -> JSONResponse:
+        # A value the database cannot hold (a NUL character in PostgreSQL text, a number out of range).
+        logger.info("a value was refused by the database: %s", type(exc.orig).__name__)
+        return error_response(InvalidValue("a value of the request cannot be stored (e.g. a NUL character)"))
+
     @app.exception_handler(StarletteHTTPException)
     async def handle_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, ServiceError):  # raised while the framework read the body (e.g. over its limit)
+            return error_response(exc.__cause__)
+        if isinstance(exc.__cause__, ClientDisconnect):
+            return error_response(ClientGone("the client disconnected before its request body ended"))
         error = ServiceError(str(exc.detail))
         error.status_code, error.code = exc.status_code, _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
         response = error_response(error)

@@ -24,13 +24,22 @@ class SecretScrubber(logging.Filter):
         self.secrets = [s for s in secrets if s]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            message = record.getMessage()
-            for secret in self.secrets:
-                message = message.replace(secret, "***")
-            record.msg, record.args = message, None
+        message = record.getMessage()
+        for secret in self.secrets:
+            message = message.replace(secret, "***")
+        # One record is one line: a CR or LF from a request (a path with %0d%0a) cannot forge another.
+        record.msg, record.args = escape_controls(message), None
         record.request_id = request_id_var.get() or "-"
         return True
+
+
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F) if code != 0x09}
+_CONTROLS.update({0x0A: "\\n", 0x0D: "\\r"})
+
+
+def escape_controls(text: str) -> str:
+    """Control characters (but tab) written as escapes, so a log line holds no line break nor terminal escape."""
+    return text.translate(_CONTROLS)
 
 
 class JsonFormatter(logging.Formatter):

@@ -110,6 +110,7 @@ class Settings(BaseSettings):
     # --- trajectory datasets and collections ---
     dataset_upload_max_bytes: int = Field(4 << 30, gt=0, description="Largest dataset upload (streamed to disk).")
     collection_max_body_bytes: int = Field(16 << 20, gt=0, description="Largest POST /collections body (prompts).")
+    collection_max_bytes: int = Field(4 << 30, gt=0, description="Kept trajectories of one collection at most.")
     dataset_tokenizer: str | None = Field(
         None, description="Default token counter by name; else the run tokenizer when cached locally, else approx."
     )
@@ -125,6 +126,10 @@ class Settings(BaseSettings):
     collection_api_key: SecretStr | None = Field(None, description="Key sent to collection chat endpoints.")
     collection_key_hosts: str = Field(
         "openrouter.ai", description="Hosts (':'-separated) that may receive the collection or OpenRouter key."
+    )
+    sandbox_bwrap: str = Field("bwrap", description="The sandbox program of the terminal tool (docs/SECURITY.md).")
+    sandbox_uid: int = Field(
+        65534, ge=1, le=(1 << 31) - 2, description="Unprivileged user of sandboxed commands when the service is root."
     )
     # --- inference tests: a key goes to its own endpoint only (docs/INFERENCE_TESTS.md#keys) ---
     openrouter_base_url: str = Field(

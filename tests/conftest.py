@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from service.settings import Settings
-from tests.support.databases import database_kinds, fresh_database
-from tests.support.live import LiveService, live_service
+from tests.support.databases import MigratedDatabases, database_kinds, fresh_database, migrated_databases
+from tests.support.environment_schemas import shared_schemas
+from tests.support.live import InProcessService, in_process_service
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,9 +25,27 @@ for _name in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_AP
     os.environ.pop(_name, None)
 
 
+@pytest.fixture(autouse=True)
+def environment_schemas_once(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each environment is imported once per session (tests marked `real_introspection` import it every time)."""
+    if request.node.get_closest_marker("real_introspection"):
+        yield
+        return
+    with shared_schemas():
+        yield
+
+
+@pytest.fixture(scope="session")
+def session_databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigratedDatabases]:
+    """The schema, migrated once per session; each test gets a database of its own in that state."""
+    with migrated_databases(tmp_path_factory.mktemp("databases")) as databases:
+        yield databases
+
+
 @pytest.fixture(params=database_kinds())
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with fresh_database(request.param, tmp_path) as url:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, session_databases: MigratedDatabases) -> Iterator[str]:
+    """A migrated database of this test alone, on each configured kind."""
+    with fresh_database(request.param, tmp_path, session_databases) as url:
         yield url
 
 
@@ -49,6 +68,7 @@ def make_settings(tmp_path: Path, database_url: str) -> Callable[..., Settings]:
 
 
 @pytest.fixture
-def service(make_settings: Callable[..., Settings]) -> Iterator[LiveService]:
-    with live_service(make_settings()) as live:
-        yield live
+def service(make_settings: Callable[..., Settings]) -> Iterator[InProcessService]:
+    """The app with its lifespan, called in process; tests that need a socket use `live_service`."""
+    with in_process_service(make_settings()) as app:
+        yield app

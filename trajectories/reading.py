@@ -16,9 +16,20 @@ from trajectories.convert import EMPTY_RECORD, INVALID_JSON, INVALID_RECORD
 
 Container = Literal["auto", "jsonl", "json"]
 TOO_DEEP = "invalid JSON: nested too deeply"
+# Deeper values are refused at the door: some readers of a stored record (serialisers with a fixed recursion
+# limit) fail on them, which would make a stored dataset unreadable.
+MAX_NESTING = 100
 
 # Keys that mark a dict as a whole record (so an array of them is a list of records, not of messages).
 _RECORD_KEYS = frozenset({"messages", "conversations", "traj", "history", "responses_create_params", "trajectory"})
+
+
+class ItemTooLarge(ValueError):
+    """One item (a JSON Lines line, an element of a JSON document) over the size limit: nothing is read further."""
+
+    def __init__(self, line: int, limit: int) -> None:
+        super().__init__(f"line {line}: an item over the limit of {limit} bytes")
+        self.line, self.limit = line, limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +82,44 @@ def read_jsonl(lines: Iterable[str]) -> Iterator[RawItem | ItemError]:
         except RecursionError:
             yield ItemError(number, INVALID_JSON, TOO_DEEP)
             continue
+        if (problem := unstorable(value)) is not None:
+            yield ItemError(number, INVALID_JSON, problem)
+            continue
         yield from _items_of_value(value, number)
 
 
-def read_json_document(chunks: Iterable[str]) -> Iterator[RawItem | ItemError]:
-    """Items of one JSON document read chunk by chunk: an array's elements, or the document itself."""
-    splitter = _ArraySplitter()
+def unstorable(value: Any) -> str | None:
+    """Why a parsed JSON value cannot be stored and read back, or None: nesting deeper than MAX_NESTING, or a
+    string (or key) holding a lone surrogate (`"\\ud800"` is valid JSON but no UTF-8 text)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        current, depth = pending.pop()
+        if isinstance(current, str):
+            if not current.isascii() and _has_surrogate(current):
+                return "invalid JSON: a string holds a lone surrogate (\\ud800-\\udfff), which is not text"
+        elif isinstance(current, list | dict):
+            if depth > MAX_NESTING:
+                return f"{TOO_DEEP} (more than {MAX_NESTING} levels)"
+            children = current.items() if isinstance(current, dict) else ((None, item) for item in current)
+            for key, child in children:
+                if key is not None:
+                    pending.append((key, depth))
+                pending.append((child, depth + 1))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def read_json_document(chunks: Iterable[str], max_item_chars: int | None = None) -> Iterator[RawItem | ItemError]:
+    """Items of one JSON document read chunk by chunk: an array's elements, or the document itself. An element
+    longer than `max_item_chars` raises ItemTooLarge before it is held whole."""
+    splitter = _ArraySplitter(max_item_chars)
     bare_messages: list[Any] | None = None
     for piece in splitter.split(chunks):
         if isinstance(piece, ItemError):
@@ -153,7 +196,9 @@ class _ArraySplitter:
     multi-megabyte document costs little; each element's text is then parsed with ``json.loads``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_item_chars: int | None = None) -> None:
+        self.max_item_chars = max_item_chars
+        self._element_chars = 0
         self.line = 1
         self.document_line = 1
         self._depth = 0
@@ -179,7 +224,10 @@ class _ArraySplitter:
                 return
             if self._element is not None:
                 self._element.append(chunk[self._element_start :])
+                self._element_chars += len(chunk) - self._element_start
                 self._element_start = 0
+                if self.max_item_chars is not None and self._element_chars > self.max_item_chars:
+                    raise ItemTooLarge(self._element_line, self.max_item_chars)
         yield from self._finish()
 
     def _feed(self, chunk: str) -> Iterator[_Piece | ItemError]:
@@ -247,6 +295,7 @@ class _ArraySplitter:
         self._kind = "array" if char == "[" else "other"
         if self._kind == "other":
             self._element, self._element_start, self._element_line = [], index, self.line
+            self._element_chars = 0
 
     def _check_plain(self, chunk: str, start: int, end: int) -> None:
         """Text between special characters: it may open a scalar element or a scalar/invalid document."""
@@ -275,6 +324,7 @@ class _ArraySplitter:
             self._fail("missing ',' between array elements")
         self._after_comma = False
         self._element, self._element_start, self._element_line = [], index, self.line
+        self._element_chars = 0
 
     def _close_element(self, chunk: str, end: int) -> _Piece | ItemError:
         assert self._element is not None
@@ -297,7 +347,10 @@ class _ArraySplitter:
 
     def _parse(self, text: str, line: int, index: int) -> _Piece | ItemError:
         try:
-            return _Piece(line, json.loads(text), index)
+            value = json.loads(text)
+            if (problem := unstorable(value)) is not None:
+                return ItemError(line, INVALID_JSON, problem)
+            return _Piece(line, value, index)
         except json.JSONDecodeError as error:
             error_line = line + error.lineno - 1
             # Column numbers inside an element are only meaningful on the element's own lines.

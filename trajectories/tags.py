@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import ast
 import json
-import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Scratchpad tags some agents write instead of <think>; conversion renames them to <think>.
 SCRATCHPAD_TAGS = ("REASONING_SCRATCHPAD", "thinking")
 
-_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_TOOL_RESPONSE_BLOCK = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
-_SCRATCHPAD_BLOCKS = [re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL) for tag in SCRATCHPAD_TAGS]
-_TOOLS_BLOCK = re.compile(r"<tools>((?:(?!<tools>).)*?)</tools>", re.DOTALL)
+# Untrusted text (uploads, model replies) is scanned with str.find, in one pass: no regular expression, whose
+# backtracking over many unclosed tags takes quadratic time (a megabyte of "<tool_call>" froze the service).
+MAX_LENIENT_CHARS = 1 << 20  # a Python-literal fallback parse of more than this is not tried (its memory)
 
 
 def render_think(reasoning: str) -> str:
@@ -44,14 +41,14 @@ def parse_arguments(arguments: Any) -> Any:
 
 def normalize_scratchpad(text: str) -> str:
     """Renames scratchpad tags (e.g. <REASONING_SCRATCHPAD>) to <think>."""
-    for pattern in _SCRATCHPAD_BLOCKS:
-        text = pattern.sub(lambda m: render_think(m.group(1)), text)
+    for tag in SCRATCHPAD_TAGS:
+        text = replace_blocks(text, f"<{tag}>", f"</{tag}>", render_think)
     return text
 
 
 def has_reasoning(text: str) -> bool:
     """True when the text holds a <think>…</think> block with something in it."""
-    return any(block.strip() for block in _THINK_BLOCK.findall(text))
+    return any(text[start:end].strip() for _, start, end, _ in blocks(text, "<think>", "</think>"))
 
 
 def has_tool_call_tag(text: str) -> bool:
@@ -60,16 +57,27 @@ def has_tool_call_tag(text: str) -> bool:
 
 def visible_text(text: str) -> str:
     """Text outside <think>, <tool_call> and <tool_response> blocks (an unclosed <think> hides the rest)."""
-    for pattern in (_THINK_BLOCK, _TOOL_CALL_BLOCK, _TOOL_RESPONSE_BLOCK):
-        text = pattern.sub("", text)
-    return _UNCLOSED_THINK.sub("", text).strip()
+    for tag in ("think", "tool_call", "tool_response"):
+        text = replace_blocks(text, f"<{tag}>", f"</{tag}>", lambda _body: "")
+    unclosed = text.find("<think>")
+    return (text if unclosed < 0 else text[:unclosed]).strip()
+
+
+def without_tool_calls(text: str) -> str:
+    """The text without its <tool_call> blocks, nor the white space before each."""
+    pieces, position = [], 0
+    for outer_start, _, _, outer_end in blocks(text, "<tool_call>", "</tool_call>"):
+        pieces.append(text[position:outer_start].rstrip())
+        position = outer_end
+    pieces.append(text[position:])
+    return "".join(pieces)
 
 
 def parse_tagged_tool_calls(text: str) -> list[dict[str, Any]]:
     """The JSON objects inside <tool_call> blocks that name a tool; blocks that do not parse are skipped."""
     calls = []
-    for body in _TOOL_CALL_BLOCK.findall(text):
-        payload = _loads_lenient(body.strip())
+    for _, start, end, _ in blocks(text, "<tool_call>", "</tool_call>"):
+        payload = _loads_lenient(text[start:end].strip())
         if isinstance(payload, dict) and isinstance(payload.get("name"), str):
             calls.append(payload)
     return calls
@@ -77,18 +85,17 @@ def parse_tagged_tool_calls(text: str) -> list[dict[str, Any]]:
 
 def parse_tagged_tool_response(text: str) -> dict[str, Any] | None:
     """The JSON object inside the first <tool_response> block, when there is one and it parses."""
-    match = _TOOL_RESPONSE_BLOCK.search(text)
-    if match is None:
-        return None
-    payload = _loads_lenient(match.group(1).strip())
-    return payload if isinstance(payload, dict) else None
+    for _, start, end, _ in blocks(text, "<tool_response>", "</tool_response>"):
+        payload = _loads_lenient(text[start:end].strip())
+        return payload if isinstance(payload, dict) else None
+    return None
 
 
 def tool_names_in_tools_block(text: str) -> list[str] | None:
     """Tool names declared in a Hermes-style system prompt's <tools>[…]</tools> block."""
     # Prompts often mention "<tools> </tools>" in prose before the real block.
-    for match in _TOOLS_BLOCK.finditer(text):
-        payload = _loads_lenient(match.group(1).strip())
+    for _, start, end, _ in blocks(text, "<tools>", "</tools>", innermost=True):
+        payload = _loads_lenient(text[start:end].strip())
         if isinstance(payload, dict):
             payload = [payload]
         if isinstance(payload, list) and payload:
@@ -105,12 +112,41 @@ def declared_tool_name(item: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def blocks(text: str, opening: str, closing: str, innermost: bool = False) -> Iterator[tuple[int, int, int, int]]:
+    """(block start, body start, body end, block end) of each `opening`…`closing` block, left to right, not
+    overlapping, in linear time: a block's body ends at the first `closing` after its `opening` (as a lazy
+    `opening(.*?)closing` would), or, `innermost`, starts at the last `opening` before that `closing`."""
+    position = 0
+    while (start := text.find(opening, position)) >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            return  # no closing tag after this opening, so none after any later one either
+        if innermost:
+            start = text.rfind(opening, start, end)
+        yield start, start + len(opening), end, end + len(closing)
+        position = end + len(closing)
+
+
+def replace_blocks(text: str, opening: str, closing: str, render: Callable[[str], str]) -> str:
+    """The text with each block replaced by `render(body)`."""
+    pieces, position = [], 0
+    for outer_start, start, end, outer_end in blocks(text, opening, closing):
+        pieces += [text[position:outer_start], render(text[start:end])]
+        position = outer_end
+    if position == 0:
+        return text
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
 def _loads_lenient(text: str) -> Any:
     """JSON, or a Python literal (some agents print dicts with single quotes); None when neither parses."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         pass
+    if len(text) > MAX_LENIENT_CHARS:
+        return None
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):

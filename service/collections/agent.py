@@ -9,7 +9,6 @@ Tool calls come from the response's `tool_calls`, or, for servers that return ra
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +16,14 @@ from typing import Any
 import openai
 
 from service.collections.tools import Toolbox
-from trajectories.tags import parse_tagged_tool_calls
+from trajectories.tags import parse_tagged_tool_calls, without_tool_calls
 
-_TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>", re.DOTALL)
+# Bounds of one item, so a hostile or broken model cannot grow the service's memory or the dataset without end.
+MAX_REPLY_CHARS = 400_000  # content and reasoning of one model reply
+MAX_CALLS_PER_REPLY = 32
+MAX_TOOL_CALLS = 256  # tool calls of one item
+MAX_TOOL_OUTPUT_CHARS = 4_000_000  # tool results of one item, together
+MAX_RESPONSE_BYTES = 8 << 20  # one HTTP answer of the model endpoint, read no further (a reply at its cap is less)
 
 
 class BadResponse(Exception):
@@ -45,6 +49,21 @@ class Trajectory:
     api_calls: int = 0
     tool_calls: int = 0
     finish_reasons: list[str] = field(default_factory=list)
+    tool_output_chars: int = 0
+
+
+class LimitExceeded(BadResponse):
+    """The model went past a bound of one item (reply size, tool calls, tool output): the item fails."""
+
+
+def _check_limits(trajectory: Trajectory, assistant: dict[str, Any], calls: list[Any]) -> None:
+    size = len(assistant.get("content") or "") + len(assistant.get("reasoning_content") or "")
+    if size > MAX_REPLY_CHARS:
+        raise LimitExceeded(f"a model reply of {size} characters, over the limit of {MAX_REPLY_CHARS}")
+    if len(calls) > MAX_CALLS_PER_REPLY:
+        raise LimitExceeded(f"a model reply with {len(calls)} tool calls, over the limit of {MAX_CALLS_PER_REPLY}")
+    if trajectory.tool_calls + len(calls) > MAX_TOOL_CALLS:
+        raise LimitExceeded(f"more than {MAX_TOOL_CALLS} tool calls in one item")
 
 
 def run_agent(
@@ -74,6 +93,7 @@ def run_agent(
         choice = response.choices[0]
         trajectory.finish_reasons.append(str(choice.finish_reason))
         assistant, calls = _assistant_message(choice.message, turn)
+        _check_limits(trajectory, assistant, calls)
         trajectory.messages.append(assistant)
         wire.append({key: value for key, value in assistant.items() if key != "reasoning_content"})
         if not calls:
@@ -84,6 +104,9 @@ def run_agent(
                 raise Interrupted()
             result = toolbox.call(name, arguments)
             trajectory.tool_calls += 1
+            trajectory.tool_output_chars += len(result)
+            if trajectory.tool_output_chars > MAX_TOOL_OUTPUT_CHARS:
+                raise LimitExceeded(f"tool output of the item over {MAX_TOOL_OUTPUT_CHARS} characters")
             tool_message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result}
             trajectory.messages.append(tool_message)
             wire.append(tool_message)
@@ -92,18 +115,23 @@ def run_agent(
 
 def _assistant_message(message: Any, turn: int) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
     content = message.content or ""
+    if len(content) > MAX_REPLY_CHARS:  # before any parsing of it
+        raise LimitExceeded(f"a model reply of {len(content)} characters, over the limit of {MAX_REPLY_CHARS}")
     extra = message.model_extra or {}
     reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+    listed = message.tool_calls or []
+    if len(listed) > MAX_CALLS_PER_REPLY:
+        raise LimitExceeded(f"a model reply with {len(listed)} tool calls, over the limit of {MAX_CALLS_PER_REPLY}")
     calls = [
         (call.id or f"call_{turn}_{index}", call.function.name, _parsed(call.function.arguments))
-        for index, call in enumerate(message.tool_calls or [])
+        for index, call in enumerate(listed)
         if getattr(call, "function", None) is not None
     ]
     if not calls and "<tool_call>" in content:
         tagged = parse_tagged_tool_calls(content)
         calls = [(f"call_{turn}_{i}", c["name"], c.get("arguments", {})) for i, c in enumerate(tagged)]
         if calls:
-            content = _TOOL_CALL_BLOCK.sub("", content).strip()
+            content = without_tool_calls(content).strip()
     assistant: dict[str, Any] = {"role": "assistant", "content": content}
     if isinstance(reasoning, str) and reasoning.strip():
         assistant["reasoning_content"] = reasoning
@@ -123,6 +151,6 @@ def _parsed(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return arguments
     return arguments

@@ -13,16 +13,26 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx2  # the HTTP library of the openai SDK (its fork of httpx)
 import openai
 from sqlalchemy import select
 
 from service.collections import service
-from service.collections.agent import AgentSettings, BadResponse, Interrupted, Trajectory, run_agent
+from service.collections.agent import (
+    MAX_RESPONSE_BYTES,
+    AgentSettings,
+    BadResponse,
+    Interrupted,
+    Trajectory,
+    run_agent,
+)
+from service.collections.sandbox import Sandbox, find_sandbox
 from service.collections.schemas import CollectionStatus
 from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
 from service.collections.tools import Toolbox
@@ -92,11 +102,17 @@ class CollectionRun:
             api_key=service.chat_api_key(ctx, params["base_url"]),
             max_retries=2,
             timeout=openai.Timeout(params["request_timeout_s"], connect=min(10.0, params["request_timeout_s"])),
+            http_client=httpx2.Client(transport=LimitedTransport(MAX_RESPONSE_BYTES)),
         )
         self._lock = threading.Lock()
         self._done = 0
         self._consecutive_connection_failures = 0
-        self._unreachable: str | None = None
+        self._unreachable: str | None = None  # why the job stops early (the endpoint, or the size limit)
+        self._kept_bytes = sum(p.stat().st_size for p in (self.directory / "items").glob("*.json"))
+        self.runner: Sandbox | None = None
+        if "terminal" in params["tools"]:  # checked at creation; a service moved since then gets None: refusals
+            found = find_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
+            self.runner = found if isinstance(found, Sandbox) else None
 
     def execute(self, name: str) -> dict[str, Any]:
         if (finished := self._finished_output()) is not None:
@@ -147,7 +163,7 @@ class CollectionRun:
         shutil.rmtree(sandbox, ignore_errors=True)
         sandbox.mkdir(parents=True)
         toolbox = Toolbox(
-            self.params["tools"], sandbox, self.params["tool_timeout_s"], self.params["tool_output_limit"]
+            self.params["tools"], sandbox, self.params["tool_timeout_s"], self.params["tool_output_limit"], self.runner
         )
         try:
             trajectory = run_agent(
@@ -178,7 +194,7 @@ class CollectionRun:
         prompt = self.prompts[prompt_index]
         item = {
             **{key: value for key, value in prompt.items() if key != "prompt"},
-            "messages": trajectory.messages,
+            "messages": _scrubbed(trajectory.messages, self.ctx.scrub),
             "tools": toolbox.schemas(),
             "completed": trajectory.completed,
             "collection_id": self.id,
@@ -204,8 +220,17 @@ class CollectionRun:
         if self.params.get("discard_without_reasoning") and not has_reasoning:
             self._save_item(prompt_index, run_index, DISCARDED, "no_reasoning", **outcome)
             return
-        write_json_atomically(self._item_path(prompt_index, run_index), record_to_dict(record))
+        path = self._item_path(prompt_index, run_index)
+        write_json_atomically(path, record_to_dict(record))
         self._save_item(prompt_index, run_index, KEPT, None, **outcome)
+        limit = self.ctx.settings.collection_max_bytes
+        with self._lock:
+            self._kept_bytes += path.stat().st_size
+            if self._kept_bytes > limit and self._unreachable is None:
+                self._unreachable = (
+                    f"the collection's kept trajectories hold {self._kept_bytes} bytes, over "
+                    f"RLCTL_COLLECTION_MAX_BYTES ({limit}); kept items stay: raise the limit and resume to go on"
+                )
 
     def _record_failure(self, prompt_index: int, run_index: int, error: Exception, connection: bool = False) -> None:
         reason = self.ctx.scrub(f"{type(error).__name__}: {error}")[:2000]
@@ -311,6 +336,57 @@ class CollectionRun:
     def _load_item(self, prompt_index: int, run_index: int) -> TrajectoryRecord:
         path = self._item_path(prompt_index, run_index)
         return record_from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+class ResponseTooLarge(openai.OpenAIError):
+    """An OpenAI error: the SDK raises it as it is (no retry, not taken for a connection error)."""
+
+
+class _LimitedStream(httpx2.SyncByteStream):
+    def __init__(self, stream: httpx2.SyncByteStream, limit: int) -> None:
+        self._stream, self._limit = stream, limit
+
+    def __iter__(self) -> Iterator[bytes]:
+        received = 0
+        for chunk in self._stream:
+            received += len(chunk)
+            if received > self._limit:
+                raise ResponseTooLarge(f"the endpoint's answer is over {self._limit} bytes")
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class LimitedTransport(httpx2.HTTPTransport):
+    """Reads at most `limit` bytes of an answer, whatever it declares: a model endpoint cannot fill the memory."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = super().handle_request(request)
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        return httpx2.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_LimitedStream(response.stream, self.limit),
+            extensions=response.extensions,
+            request=request,
+        )
+
+
+def _scrubbed(value: Any, scrub: Callable[[str], str]) -> Any:
+    """Every string of a JSON value with each configured secret replaced (model text and tool output may hold one:
+    a model may have been told one, or a tool may have printed one)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, list):
+        return [_scrubbed(item, scrub) for item in value]
+    if isinstance(value, dict):
+        return {key: _scrubbed(item, scrub) for key, item in value.items()}
+    return value
 
 
 def _read_prompts(path: Path) -> list[dict[str, Any]]:

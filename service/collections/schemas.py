@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,7 @@ class ItemStatus(StrEnum):
 ENDED = frozenset({CollectionStatus.COMPLETED, CollectionStatus.CANCELLED, CollectionStatus.FAILED})
 
 ToolName = Literal["terminal", "read_file", "write_file"]
+DEFAULT_TOOLS: list[ToolName] = ["read_file", "write_file"]  # terminal only when a collection asks for it
 BASE_URL_PATTERN = r"^https?://[A-Za-z0-9._~%-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/-]*)?$"
 NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 
@@ -64,9 +65,11 @@ class CreateCollectionRequest(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2)
     system_prompt: str | None = Field(None, max_length=100_000)
     tools: list[ToolName] = Field(
-        default_factory=lambda: list(get_args(ToolName)),
+        default_factory=lambda: list(DEFAULT_TOOLS),
         max_length=3,
-        description="Built-in tools, run in a per-trajectory sandbox directory.",
+        description="Built-in tools, in a per-trajectory work directory. `terminal` is off unless asked for; it "
+        "runs in a sandbox (docs/SECURITY.md), and where none can be made the request is refused (409 "
+        "SANDBOX_UNAVAILABLE).",
     )
     tool_timeout_s: float = Field(30, ge=0.1, le=600, description="Time limit of one tool call.")
     tool_output_limit: int = Field(10_000, ge=100, le=1_000_000, description="Characters of tool output kept.")

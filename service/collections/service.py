@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.collections.sandbox import require_sandbox
 from service.collections.schemas import (
     ENDED,
     CollectionItemOut,
@@ -36,6 +37,7 @@ from service.pagination import DEFAULT_PAGE, newest_first_page
 
 JOB_KIND = "collection_run"
 KEPT, DISCARDED, FAILED = ItemStatus.KEPT, ItemStatus.DISCARDED, ItemStatus.FAILED
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DONE_STATUSES = (KEPT, DISCARDED)  # a resume skips these; failed items are tried again
 
 
@@ -45,6 +47,8 @@ def collection_dir(ctx: AppContext, collection_id: str) -> Path:
 
 def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> CollectionOut:
     """Store the prompts and the collection, then start its job. Returns the collection."""
+    if "terminal" in request.tools:  # never run unsandboxed: refused before anything is stored
+        require_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
     collection_id = "col" + uuid.uuid4().hex[:13]
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)
@@ -145,10 +149,15 @@ def cancel_collection(ctx: AppContext, collection_id: str) -> CollectionOut:
 
 
 def chat_api_key(ctx: AppContext, base_url: str) -> str:
-    """The key for a collection's endpoint: a configured key only for the hosts allowed to receive it."""
+    """The key for a collection's endpoint: a configured key only for the hosts allowed to receive it, and only
+    over HTTPS on its standard port (plain HTTP only to a loopback address, where it never leaves the machine)."""
     settings = ctx.settings
-    host = (urlsplit(base_url).hostname or "").lower()
+    parts = urlsplit(base_url)
+    host = (parts.hostname or "").lower()
     allowed = [h.strip().lower() for h in settings.collection_key_hosts.split(":") if h.strip()]
+    secure = parts.scheme == "https" and parts.port in (None, 443)
+    if not (secure or host in LOOPBACK_HOSTS):
+        return "no-key"
     if any(host == name or host.endswith("." + name) for name in allowed):
         key = settings.collection_api_key or settings.openrouter_api_key
         if key is not None:

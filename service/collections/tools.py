@@ -1,10 +1,10 @@
-"""Built-in tools of the batch runner, confined to one trajectory's sandbox directory, with time and output limits.
+"""Built-in tools of the batch runner, confined to one trajectory's work directory, with time and output limits.
 
-`read_file` and `write_file` resolve every path inside the sandbox and refuse anything that lands outside it
-(`..`, absolute paths, symlinks). `terminal` runs `bash -c` in the sandbox, in its own process group (killed
-whole on time-out and when the command ends), with a scrubbed environment (no secrets) and only the first
-`output_limit` characters of its output kept. It is a working directory and limits, not an isolation boundary:
-collect with models you trust, or run the service in a container.
+`read_file` and `write_file` run in the service: they walk the path inside the work directory one name at a time
+without following any link (`O_NOFOLLOW` at every step), and refuse `..` out of it, absolute paths, links, FIFOs
+and files with more than one name (a hard link made by `terminal` is refused). `terminal` runs `bash -c` in the
+sandbox of service/collections/sandbox.py (namespaces, limits, no secrets), killed whole on time-out and when the
+command ends; only the first `output_limit` characters of its output are kept. Without a sandbox it refuses.
 """
 
 from __future__ import annotations
@@ -12,14 +12,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import signal
+import stat
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
+from service.collections.sandbox import LIMITS, Sandbox
+
 TOOL_NAMES = ("terminal", "read_file", "write_file")
 MAX_WRITE_BYTES = 1 << 20
+# Opening a file never follows a link, and never blocks on a FIFO a command left there.
+_NO_LINKS = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "terminal": {
@@ -69,11 +75,18 @@ class ToolError(Exception):
 
 
 class Toolbox:
-    def __init__(self, names: list[str], sandbox: Path, timeout_s: float, output_limit: int) -> None:
+    def __init__(
+        self, names: list[str], sandbox: Path, timeout_s: float, output_limit: int, runner: Sandbox | None = None
+    ) -> None:
         self.names = [name for name in TOOL_NAMES if name in names]
         self.sandbox = sandbox.resolve()
         self.timeout_s = timeout_s
         self.output_limit = output_limit
+        self.runner = runner  # None where no sandbox can be made: `terminal` then refuses to run
+        self.disk_limit = runner.limits.disk_bytes if runner else LIMITS.disk_bytes
+        self._owner = runner.drop_to_uid if runner else None
+        if runner is not None:
+            runner.prepare(self.sandbox)
 
     def schemas(self) -> list[dict[str, Any]]:
         return [SCHEMAS[name] for name in self.names]
@@ -95,15 +108,12 @@ class Toolbox:
     def _terminal(self, command: str) -> dict[str, Any]:
         if not isinstance(command, str) or not command.strip():
             raise ToolError("command must be a non-empty string")
-        process = subprocess.Popen(
-            ["/bin/bash", "-c", command],
-            cwd=self.sandbox,
-            env=_scrubbed_environment(self.sandbox),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        if "\x00" in command:
+            raise ToolError("command must not contain NUL")
+        if self.runner is None:
+            raise ToolError("no sandbox can be made here: the terminal tool never runs unsandboxed")
+        self._check_disk(0)
+        process = self.runner.popen(self.sandbox, command)
         output = _LimitedReader(process.stdout, self.output_limit)
         timed_out = False
         try:
@@ -111,19 +121,20 @@ class Toolbox:
         except subprocess.TimeoutExpired:
             timed_out, exit_code = True, None
         finally:
-            _kill_group(process.pid)  # whatever the command left running in the background goes too
+            _kill_group(process.pid)  # bwrap dies, and with it (die-with-parent) the sandbox's whole PID namespace
             process.wait()
             output.finish()
         result: dict[str, Any] = {"exit_code": exit_code, "output": output.text(), "truncated": output.truncated}
         if timed_out:
             result["error"] = f"timed out after {self.timeout_s:g} s"
+        used = disk_usage(self.sandbox)
+        if used > self.disk_limit:
+            result["error"] = f"the working directory holds {used} bytes, over its limit of {self.disk_limit}"
         return result
 
     def _read_file(self, path: str) -> dict[str, Any]:
-        target = self._inside(path)
-        if not target.is_file():
-            raise ToolError(f"no file {path!r}")
-        with target.open("rb") as handle:
+        descriptor = self._open(path, os.O_RDONLY)
+        with os.fdopen(descriptor, "rb") as handle:
             data = handle.read(self.output_limit * 4 + 1)
         text = data.decode("utf-8", errors="replace")
         truncated = len(text) > self.output_limit
@@ -132,23 +143,96 @@ class Toolbox:
     def _write_file(self, path: str, content: str) -> dict[str, Any]:
         if not isinstance(content, str):
             raise ToolError("content must be a string")
-        data = content.encode("utf-8")
+        data = content.encode("utf-8", errors="replace")
         if len(data) > MAX_WRITE_BYTES:
             raise ToolError(f"content over {MAX_WRITE_BYTES} bytes")
-        target = self._inside(path)
-        if target.is_dir():
-            raise ToolError(f"{path!r} is a directory")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        return {"written_bytes": len(data), "path": str(target.relative_to(self.sandbox))}
+        self._check_disk(len(data))
+        descriptor = self._open(path, os.O_WRONLY | os.O_CREAT)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.truncate(0)
+            handle.write(data)
+        return {"written_bytes": len(data), "path": self._relative(path)}
 
-    def _inside(self, path: Any) -> Path:
+    def _check_disk(self, adding: int) -> None:
+        used = disk_usage(self.sandbox)
+        if used + adding > self.disk_limit:
+            limit = self.disk_limit
+            raise ToolError(f"the working directory would hold {used + adding} bytes, over its limit of {limit}")
+
+    def _relative(self, path: Any) -> str:
         if not isinstance(path, str) or not path.strip() or "\x00" in path:
             raise ToolError("path must be a non-empty string")
-        target = (self.sandbox / path).resolve()
-        if target != self.sandbox and not target.is_relative_to(self.sandbox):
+        relative = posixpath.normpath(path)
+        if path.startswith("/") or relative == ".." or relative.startswith("../") or relative == ".":
             raise ToolError(f"path {path!r} is outside the working directory")
-        return target
+        return relative
+
+    def _open(self, path: str, flags: int) -> int:
+        """A descriptor of a regular file inside the sandbox, reached without following any link, with a single
+        name (a hard link made by `terminal` could name a file outside it). Missing directories are made when
+        writing."""
+        parts = self._relative(path).split("/")
+        writing = bool(flags & os.O_CREAT)
+        directory = os.open(self.sandbox, os.O_RDONLY | os.O_DIRECTORY)
+        for part in parts[:-1]:
+            directory = self._step(directory, part, path, create=writing)  # closes the one it steps from
+        try:
+            descriptor = os.open(parts[-1], flags | _NO_LINKS, 0o644, dir_fd=directory)
+        except FileNotFoundError:
+            raise ToolError(f"no file {path!r}") from None
+        except IsADirectoryError:
+            raise ToolError(f"{path!r} is a directory") from None
+        except OSError as error:
+            reason = f"it is a link or not a regular file ({error.strerror})"
+            raise ToolError(f"path {path!r} is outside the working directory: {reason}") from None
+        finally:
+            os.close(directory)
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+            os.close(descriptor)
+            raise ToolError(f"{path!r} is outside the working directory: not a regular file with a single name")
+        if writing and self._owner is not None:
+            os.fchown(descriptor, self._owner, self._owner)
+        return descriptor
+
+    def _step(self, directory: int, part: str, path: str, create: bool) -> int:
+        """The descriptor of the subdirectory `part` (closing `directory`), never through a symbolic link."""
+        try:
+            try:
+                following = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            except FileNotFoundError:
+                if not create:
+                    raise ToolError(f"no file {path!r}") from None
+                os.mkdir(part, 0o755, dir_fd=directory)
+                following = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+                if self._owner is not None:
+                    os.fchown(following, self._owner, self._owner)
+            except (NotADirectoryError, OSError) as error:
+                reason = f"{part!r} is a link or a file"
+                raise ToolError(f"path {path!r} is outside the working directory: {reason}") from error
+        finally:
+            os.close(directory)
+        return following
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes held by the files under `root`, links not followed."""
+    total = 0
+    pending = [str(root)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                else:
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 class _LimitedReader:
@@ -187,15 +271,6 @@ def _known(arguments: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ToolError(f"unknown argument(s): {', '.join(sorted(unknown))}")
     return arguments
-
-
-def _scrubbed_environment(home: Path) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "LANG": "C.UTF-8",
-        "TERM": "dumb",
-    }
 
 
 def _kill_group(pid: int) -> None:

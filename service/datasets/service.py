@@ -44,14 +44,14 @@ from service.datasets.tokenizers import load_counter, resolve_tokenizer
 from service.datasets.uploads import ByteStream, UndecodableUpload, upload_items
 from service.db.models import Dataset, Job
 from service.db.rows import load_row
-from service.errors import ValidationFailed
+from service.errors import PayloadTooLarge, ValidationFailed
 from service.jobs.runner import UNFINISHED
 from service.jobs.schemas import JobOut
 from service.jobs.service import get_job
 from service.names import validate_name
 from service.pagination import DEFAULT_PAGE, newest_first_page
 from trajectories.importing import import_item
-from trajectories.reading import ItemError
+from trajectories.reading import ItemError, ItemTooLarge
 from trajectories.records import record_from_dict
 from trajectories.rewards import BUILTIN_REWARDS
 
@@ -107,6 +107,9 @@ def upload_dataset(ctx: AppContext, options: UploadOptions, lines_or_stream: Byt
     except UndecodableUpload as error:
         builder.abort()
         raise InvalidEncoding(str(error), {"line": error.line}) from None
+    except ItemTooLarge as error:
+        builder.abort()
+        raise PayloadTooLarge(str(error), {"line": error.line, "limit_bytes": error.limit}) from None
     except BaseException:
         builder.abort()
         raise

@@ -7,11 +7,22 @@ import codecs
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-from trajectories.reading import Container, ItemError, RawItem, guess_container, read_items, read_json_document
+from trajectories.reading import (
+    Container,
+    ItemError,
+    ItemTooLarge,
+    RawItem,
+    guess_container,
+    read_items,
+    read_json_document,
+)
 
 CHUNK_BYTES = 1 << 20
 # The first line decides the container; a longer first line is taken for a minified JSON document.
 PEEK_LIMIT_BYTES = 64 << 20
+# One item (a JSON Lines line, an element of a JSON document) at most: parsing holds an item whole, several
+# times its size, so this bounds the service's memory whatever the upload (the upload's total is bounded apart).
+MAX_ITEM_BYTES = 16 << 20
 
 
 class UndecodableUpload(ValueError):
@@ -46,7 +57,7 @@ def upload_items(source: ByteStream | Iterable[str], container: Container = "aut
     if container == "jsonl":
         yield from read_items(_decoded_lines(stream), "jsonl")
     else:
-        yield from read_json_document(_decoded_chunks(stream))
+        yield from read_json_document(_decoded_chunks(stream), max_item_chars=MAX_ITEM_BYTES)
 
 
 def _detect_container(stream: ByteStream) -> Container:
@@ -66,7 +77,11 @@ def _detect_container(stream: ByteStream) -> Container:
 
 
 def _decoded_lines(stream: ByteStream) -> Iterator[str]:
-    for number, raw in enumerate(stream, start=1):
+    number = 0
+    while raw := stream.readline(MAX_ITEM_BYTES + 1):  # never more than one item's worth in memory
+        number += 1
+        if len(raw) > MAX_ITEM_BYTES:
+            raise ItemTooLarge(number, MAX_ITEM_BYTES)
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as error:

@@ -6,6 +6,7 @@ the duration of the HTTP request that returned it (one request may return all `n
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +26,22 @@ class ModelOutcome:
     files: dict[str, str] = field(default_factory=dict)
 
 
+_FILE_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:")
+MAX_STEM_CHARS = 200  # file names have 255 bytes at most, and the stem gets a suffix
+
+
 def result_file_stem(environment: str, model: str) -> str:
-    """`test_{env}_{model}` with `/` in the model id replaced by `_` (docs/INFERENCE_TESTS.md#files)."""
-    return f"test_{environment}_{model.replace('/', '_')}"
+    """`test_{env}_{model}` with `/` in the model id written `_` and any other character outside letters, digits
+    and `.-:` (an `_` included) percent-encoded, so two model ids never share a file; a long one is cut and
+    ends with a hash of the whole id (docs/INFERENCE_TESTS.md#files)."""
+    encoded = "".join(
+        "_" if char == "/" else char if char in _FILE_SAFE else "".join(f"%{b:02X}" for b in char.encode())
+        for char in model
+    )
+    stem = f"test_{environment}_{encoded}"
+    if len(stem) > MAX_STEM_CHARS:
+        stem = f"{stem[: MAX_STEM_CHARS - 17]}-{hashlib.sha256(model.encode()).hexdigest()[:16]}"
+    return stem
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -125,6 +125,10 @@ class RunPlacement:
     run_dir: str | None = None
 
 
+# W&B's own rule for project names: at most 128 characters, none of / \ # ? % : nor a control character.
+WANDB_PROJECT = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[^/\\\\#?%:\\u0000-\\u001f]+$"}
+
+
 def locked_values(settings: Settings, backend: Backend) -> dict[str, Any]:
     chosen = settings.backend_values(backend)
     return {
@@ -156,7 +160,7 @@ def configurable_fields(
             "Training backend: the Tinker service, or torch + peft on this machine.",
             {"enum": [b.value for b in BACKENDS]},
         ),
-        ConfigurableField("wandb_project", "str", DEFAULT_WANDB_PROJECT, "W&B project of the run.", {"type": "string"}),
+        ConfigurableField("wandb_project", "str", DEFAULT_WANDB_PROJECT, "W&B project of the run.", WANDB_PROJECT),
         *RUN_FIELDS,
     ]
     for field in schema.fields:

@@ -35,6 +35,7 @@ router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401,
 logs_router = APIRouter(prefix="/runs", tags=["runs"])
 RunId = Annotated[str, name_path("Run id, as returned by POST /runs.")]
 FOLLOW_POLL_S = 0.25
+MAX_STEP = (1 << 63) - 1  # a step the databases can compare with (a larger one overflowed SQLite: 500)
 
 
 @router.post(
@@ -136,8 +137,8 @@ async def get_run_metrics(
     ctx: Ctx,
     run_id: RunId,
     name: Annotated[list[str] | None, Query(description="Metric names, e.g. reward/mean; all when absent.")] = None,
-    min_step: Annotated[int | None, Query(ge=0)] = None,
-    max_step: Annotated[int | None, Query(ge=0)] = None,
+    min_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
+    max_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
 ) -> RunMetrics:
     """`{"metrics": {"reward/mean": [[step, value], ...], ...}}`."""
     return await run_in_threadpool(service.get_metrics, ctx, run_id, name, min_step, max_step)

@@ -29,7 +29,7 @@ from service.runs.ratelimit import describe_interval
 from service.settings import Settings
 from service.tools import service
 from service.tools.catalog import ALL_TOOLS
-from service.tools.registry import Tool, ToolNotFound
+from service.tools.registry import Tool
 from service.tools.service import authorize_tool
 
 INVALID_PARAMS = -32602
@@ -42,6 +42,14 @@ def instructions(settings: Settings) -> str:
         "rlctl trains language models with reinforcement learning. List environments, select one, look at and edit "
         f"its config, start training, then check the run's status at most once per {interval} per run."
     )
+
+
+class NoEventStream(ServiceError):
+    status_code = 405
+    code = "METHOD_NOT_ALLOWED"
+
+    def __init__(self) -> None:
+        super().__init__("this MCP endpoint offers no server-sent event stream: POST requests only")
 
 
 class McpEndpoint:
@@ -83,6 +91,11 @@ class McpEndpoint:
         except ServiceError as error:
             await error_response(error)(scope, receive, send)
             return
+        if scope.get("method") == "GET":
+            # Stateless: the server never sends a message of its own, so a GET event stream would only stay open
+            # (300 idle streams held 339 descriptors). MCP lets a server without one answer 405.
+            await error_response(NoEventStream())(scope, receive, send)
+            return
         await self._app(scope, receive, send)
 
     def _transport_security(self) -> TransportSecuritySettings:
@@ -113,8 +126,8 @@ class McpEndpoint:
             call = await anyio.to_thread.run_sync(
                 service.call_tool, self.ctx, params.name, params.arguments or {}, session_header, principal, connection
             )
-        except ToolNotFound as exc:
-            raise MCPError(INVALID_PARAMS, exc.message, exc.details) from exc
+        except ServiceError as exc:  # an unknown tool, a bad X-Tool-Session: the caller's error, with its code
+            raise MCPError(INVALID_PARAMS, exc.message, {"code": exc.code, **exc.details}) from exc
         result = call.result
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=json.dumps(result))],

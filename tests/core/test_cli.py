@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.db import migrate
 from tests.support.live import free_port
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 RLCTL = [sys.executable, "-m", "service.cli"]
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect, select, text
@@ -13,9 +14,17 @@ from service.db import migrate
 from service.db.engine import Database
 from service.db.models import Run, RunProcess
 from service.settings import Settings
-from tests.support.live import live_service
+from tests.support.databases import database_kinds, fresh_database
+from tests.support.live import in_process_service
 
 TABLES = {"runs", "run_processes", "run_metrics", "status_checks", "tool_sessions", "jobs", "alembic_version"}
+
+
+@pytest.fixture(params=database_kinds())
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """These tests are of the migrations: their databases start empty, not from the migrated template."""
+    with fresh_database(request.param, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -66,7 +75,7 @@ def test_idempotency_keys_are_unique(db: Database) -> None:
 
 def test_readyz_fails_while_the_schema_is_behind(make_settings: Callable[..., Settings]) -> None:
     settings = make_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         ready = client.get("/readyz")
         assert ready.status_code == 200, ready.text
         assert ready.json()["schema_revision"] == migrate.head_revision()
@@ -81,7 +90,7 @@ def test_readyz_fails_while_the_schema_is_behind(make_settings: Callable[..., Se
 
 def test_start_up_applies_migrations(make_settings: Callable[..., Settings]) -> None:
     settings = make_settings()
-    with live_service(settings) as live:
+    with in_process_service(settings) as live:
         assert migrate.is_schema_current(live.app.state.context.db)
 
 

@@ -11,7 +11,10 @@ import psutil
 import pytest
 
 from tests.conftest import build_settings
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
+
+# These tests are about importing environments: each app imports them itself, never from the session's results.
+pytestmark = pytest.mark.real_introspection
 
 EXTRA_ENV = textwrap.dedent(
     '''
@@ -44,17 +47,17 @@ def extra_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def catalog_service(tmp_path_factory: pytest.TempPathFactory, extra_dir: Path) -> Iterator[LiveService]:
+def catalog_service(tmp_path_factory: pytest.TempPathFactory, extra_dir: Path) -> Iterator[Service]:
     data_dir = tmp_path_factory.mktemp("var")
     settings = build_settings(
         data_dir, f"sqlite:///{data_dir / 'rlctl.db'}", environment_dirs=str(extra_dir), api_token="test-token"
     )
-    with live_service(settings) as live:
+    with in_process_service(settings) as live:
         yield live
 
 
 @pytest.fixture
-def client(catalog_service: LiveService) -> Iterator[httpx.Client]:
+def client(catalog_service: Service) -> Iterator[httpx.Client]:
     with catalog_service.client(token="test-token") as client:
         yield client
 
@@ -191,8 +194,8 @@ def test_an_environment_that_fails_to_import_is_a_clear_error(client: httpx.Clie
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dGVzdA=="}])
-def test_missing_or_wrong_token_is_401(catalog_service: LiveService, headers: dict) -> None:
-    with httpx.Client(base_url=catalog_service.base_url, headers=headers) as anonymous:
+def test_missing_or_wrong_token_is_401(catalog_service: Service, headers: dict) -> None:
+    with catalog_service.anonymous(headers) as anonymous:
         response = anonymous.get("/environments")
         assert response.status_code == 401
         assert error_code(response) == "UNAUTHORIZED"
@@ -226,7 +229,7 @@ def test_an_environment_whose_import_hangs_times_out_clearly(tmp_path: Path) -> 
     settings = build_settings(
         tmp_path / "var", f"sqlite:///{tmp_path / 'rlctl.db'}", environment_dirs=str(tmp_path), schema_timeout_s=2
     )
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         response = client.get("/environments/slow")
         assert response.status_code == 422
         assert response.json()["error"]["code"] == "ENVIRONMENT_LOAD_FAILED"

@@ -26,6 +26,7 @@ def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServi
         yield live
 
 
+@pytest.mark.e2e
 def test_api_conforms_to_its_schema(fuzz_service: LiveService) -> None:
     schema = schemathesis.openapi.from_url(f"{fuzz_service.base_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]

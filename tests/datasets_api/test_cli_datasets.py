@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from service.settings import Settings
 from tests.ops.cli import rlctl
 from tests.support.live import live_service
@@ -13,6 +15,7 @@ from tests.support.live import live_service
 TOKEN = "cli-datasets-token"
 
 
+@pytest.mark.e2e
 def test_upload_list_compress_score_and_export(
     make_settings: Callable[..., Settings], trajectories: Path, tmp_path: Path
 ) -> None:

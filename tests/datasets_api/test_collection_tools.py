@@ -1,16 +1,13 @@
-"""The batch runner's built-in tools: confined to the sandbox, time and output limited, no secrets inside."""
+"""The batch runner's file tools: confined to the work directory (the terminal's sandbox: tests/security)."""
 
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import pytest
 
 from service.collections.tools import TOOL_NAMES, Toolbox
-from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -37,25 +34,6 @@ def test_files_stay_inside_the_sandbox(toolbox: Toolbox, tmp_path: Path) -> None
     assert "no file" in call(toolbox, "read_file", path="missing.txt")["error"]
 
 
-def test_terminal_runs_in_the_sandbox_with_limits_and_no_secrets(
-    toolbox: Toolbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-planted-secret")
-    result = call(toolbox, "terminal", command="pwd; echo key=${OPENROUTER_API_KEY:-none}; exit 3")
-    assert result["exit_code"] == 3 and "error" not in result
-    assert result["output"].splitlines() == [str(toolbox.sandbox), "key=none"]
-
-    flood = call(toolbox, "terminal", command="yes 0123456789 | head -c 5000000")
-    assert flood["truncated"] and len(flood["output"]) == 1000
-
-    started = time.monotonic()
-    stuck = call(toolbox, "terminal", command="sleep 300 & echo $! > bg.pid; sleep 300")
-    assert stuck["error"].startswith("timed out") and stuck["exit_code"] is None
-    assert time.monotonic() - started < 30
-    background = int((toolbox.sandbox / "bg.pid").read_text())
-    wait_until(lambda: not _alive(background), timeout=10, message="background process killed with its group")
-
-
 def test_bad_calls_are_results_with_an_error(toolbox: Toolbox) -> None:
     assert "unknown tool" in call(toolbox, "browser", url="x")["error"]
     assert "unknown argument" in call(toolbox, "terminal", command="ls", shell="zsh")["error"]
@@ -64,15 +42,4 @@ def test_bad_calls_are_results_with_an_error(toolbox: Toolbox) -> None:
     limited = Toolbox(["read_file"], toolbox.sandbox, 1.0, 100)
     assert [s["function"]["name"] for s in limited.schemas()] == ["read_file"]
     assert "unknown tool" in json.loads(limited.call("terminal", {"command": "ls"}))["error"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by init) counts as gone
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert "never runs unsandboxed" in call(toolbox, "terminal", command="ls")["error"]

@@ -20,7 +20,7 @@ from service.settings import Settings
 from tests.conftest import TEST_DATA
 from tests.datasets_api.chat_server import chat_server
 from tests.datasets_api.conftest import succeeded, upload
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from trajectories.records import record_from_dict
 from trajectories.stats import is_completed
 from trajectories.tokens import ApproximateTokenCounter, record_token_count
@@ -45,7 +45,7 @@ def all_records(client: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in client.get(f"/datasets/{dataset_id}/export").text.splitlines()]
 
 
-def test_compress_with_spec_defaults_on_real_trajectories(service: LiveService, trajectories: Path) -> None:
+def test_compress_with_spec_defaults_on_real_trajectories(service: Service, trajectories: Path) -> None:
     with service.client() as client:
         parent = upload_long_trajectories(client, trajectories)
         assert client.get(f"/datasets/{parent['id']}/stats").json()["stats"]["source_formats"] == {
@@ -103,7 +103,7 @@ def test_compress_through_an_openai_compatible_summariser(
 
     with chat_server(summarise) as summariser:
         settings = make_settings(summary_base_url=summariser.base_url, summary_api_key=SUMMARY_KEY)
-        with live_service(settings) as live, live.client() as client:
+        with in_process_service(settings) as live, live.client() as client:
             parent = upload_long_trajectories(client, trajectories)
             response = client.post(f"/datasets/{parent['id']}/compress", json={})
             result = succeeded(client, response)
@@ -129,7 +129,7 @@ def test_a_failing_summariser_keeps_every_record_and_counts_the_failures(
 ) -> None:
     with chat_server(lambda body: (500, {"error": {"message": "upstream overloaded"}})) as summariser:
         settings = make_settings(summary_base_url=summariser.base_url, summary_max_retries=0)
-        with live_service(settings) as live, live.client() as client:
+        with in_process_service(settings) as live, live.client() as client:
             parent = upload_long_trajectories(client, trajectories)
             result = succeeded(client, client.post(f"/datasets/{parent['id']}/compress", json={"summarizer": "model"}))
             assert all_records(client, result["dataset_id"]) == all_records(client, parent["id"])
@@ -160,7 +160,7 @@ def gsm8k_records(count: int) -> list[dict[str, Any]]:
     return lines
 
 
-def test_score_with_builtin_rewards_and_the_gsm8k_scorer_then_export_grpo(service: LiveService) -> None:
+def test_score_with_builtin_rewards_and_the_gsm8k_scorer_then_export_grpo(service: Service) -> None:
     lines = gsm8k_records(5)
     body = "\n".join(json.dumps(line) for line in lines).encode()
     rewards = [
@@ -205,7 +205,7 @@ def test_score_with_builtin_rewards_and_the_gsm8k_scorer_then_export_grpo(servic
         assert busy_free.status_code == 204
 
 
-def test_source_reward_and_filters_on_real_data(service: LiveService, trajectories: Path) -> None:
+def test_source_reward_and_filters_on_real_data(service: Service, trajectories: Path) -> None:
     with service.client() as client:
         tau = upload(client, trajectories / "tau-bench-gpt-4o-airline.json").json()
         response = client.post(f"/datasets/{tau['id']}/score", json={"rewards": [{"name": "source_reward"}]})
@@ -241,7 +241,7 @@ def test_a_job_left_running_by_a_crashed_service_resumes(
     make_settings: Callable[..., Settings], trajectories: Path
 ) -> None:
     settings = make_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         parent = upload(client, trajectories / "nemo-gym-mini-swe-agent-2-rollouts.jsonl").json()
         replica = live.app.state.context.replica_id
     # What a `kill -9` in the middle of a compress job leaves: the job `running`, a half-written staging directory.
@@ -278,7 +278,7 @@ def test_a_job_left_running_by_a_crashed_service_resumes(
             )
         )
     database.dispose()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         job = live.app.state.context.jobs.wait("crashedjob000001", 60)
         assert job == "succeeded"
         result = client.get("/jobs/crashedjob000001").json()["result"]

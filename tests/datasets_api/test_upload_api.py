@@ -10,7 +10,7 @@ from pathlib import Path
 from service.settings import Settings
 from tests.datasets.realdata import EXPECTED_FILES, import_file
 from tests.datasets_api.conftest import upload, wait_job
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from trajectories.importing import ImportedRecord
 from trajectories.stats import DatasetStats, compute_record_stats
 from trajectories.tokens import ApproximateTokenCounter
@@ -27,7 +27,7 @@ def stored_dataset_dirs(settings: Settings) -> list[Path]:
 
 
 def test_every_real_file_uploads_detected_and_named_with_stats_of_the_pure_logic(
-    service: LiveService, trajectories: Path
+    service: Service, trajectories: Path
 ) -> None:
     with service.client() as client:
         for file_name, (fmt, count) in EXPECTED_FILES.items():
@@ -60,7 +60,7 @@ def test_every_real_file_uploads_detected_and_named_with_stats_of_the_pure_logic
         assert len(paged) == 2 * len(EXPECTED_FILES) == len({d["id"] for d in paged})
 
 
-def test_tool_failure_rates_follow_the_spec_rule_on_tau_bench(service: LiveService, trajectories: Path) -> None:
+def test_tool_failure_rates_follow_the_spec_rule_on_tau_bench(service: Service, trajectories: Path) -> None:
     with service.client() as client:
         dataset = upload(client, trajectories / TAU).json()
         tools = client.get(f"/datasets/{dataset['id']}/stats").json()["stats"]["tool_stats"]
@@ -71,7 +71,7 @@ def test_tool_failure_rates_follow_the_spec_rule_on_tau_bench(service: LiveServi
     assert tools["calculate"]["failure"] == 0
 
 
-def test_pages_and_exports_round_trip(service: LiveService, trajectories: Path) -> None:
+def test_pages_and_exports_round_trip(service: Service, trajectories: Path) -> None:
     with service.client() as client:
         dataset = upload(client, trajectories / TAU).json()
         pages, offset = [], 0
@@ -101,7 +101,7 @@ def test_pages_and_exports_round_trip(service: LiveService, trajectories: Path) 
         assert beyond["records"] == [] and beyond["next_offset"] is None
 
 
-def test_multipart_and_single_line_json_documents(service: LiveService, trajectories: Path, tmp_path: Path) -> None:
+def test_multipart_and_single_line_json_documents(service: Service, trajectories: Path, tmp_path: Path) -> None:
     minified = tmp_path / "tau.json"
     records = json.loads((trajectories / TAU).read_text()) * 16  # over 2 MiB on one line
     minified.write_text(json.dumps(records), encoding="utf-8")
@@ -118,7 +118,7 @@ def test_multipart_and_single_line_json_documents(service: LiveService, trajecto
         assert no_file.status_code == 422
 
 
-def test_bad_lines_are_reported_by_line_and_nothing_is_stored(service: LiveService) -> None:
+def test_bad_lines_are_reported_by_line_and_nothing_is_stored(service: Service) -> None:
     lines = [
         json.dumps(GOOD),
         '{"messages": [{"role": "user", "content": "cut',
@@ -159,7 +159,7 @@ def test_bad_lines_are_reported_by_line_and_nothing_is_stored(service: LiveServi
         assert client.get("/datasets").json()["count"] == 1
 
 
-def test_path_like_names_and_ids_are_refused(service: LiveService) -> None:
+def test_path_like_names_and_ids_are_refused(service: Service) -> None:
     with service.client() as client:
         for name in ("../escape", "a/b", ".hidden", "x" * 200):
             response = client.post("/datasets", params={"name": name}, content=json.dumps(GOOD).encode())
@@ -181,7 +181,7 @@ def test_upload_limit_is_separate_from_the_json_limit(
     oversized = tmp_path / "oversized.jsonl"  # the same records, repeated past the upload limit
     oversized.write_bytes(large.read_bytes() * 20)
     assert (64 << 10) < large.stat().st_size < (2 << 20) < oversized.stat().st_size
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         accepted = upload(client, large)
         assert accepted.status_code == 201, accepted.text
         too_large = upload(client, oversized)
@@ -201,7 +201,7 @@ def test_upload_limit_is_separate_from_the_json_limit(
         assert not uploads.exists() or list(uploads.iterdir()) == []  # refused bodies leave no spool file
 
 
-def test_delete_keeps_lineage_of_children(service: LiveService, trajectories: Path) -> None:
+def test_delete_keeps_lineage_of_children(service: Service, trajectories: Path) -> None:
     with service.client() as client:
         parent = upload(client, trajectories / "nemo-gym-xlam-fc-rollouts.jsonl").json()
         job = client.post(f"/datasets/{parent['id']}/filter", json={"drop_incomplete": True}).json()

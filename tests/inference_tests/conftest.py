@@ -12,7 +12,7 @@ import pytest
 
 from service.settings import Settings
 from tests.conftest import build_settings
-from tests.support.databases import database_kinds, fresh_database
+from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
 from tests.support.endpoints import fault_endpoint, tiny_model_endpoint
 from trainer.tiny_model import init_tiny_model
 
@@ -39,9 +39,9 @@ def faulty_endpoint(endpoint: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def process_database_url(tmp_path: Path) -> Iterator[str]:
+def process_database_url(tmp_path: Path, session_databases: MigratedDatabases) -> Iterator[str]:
     """Tests with real child processes are slow: PostgreSQL when configured (CI), else SQLite."""
-    with fresh_database(database_kinds()[-1], tmp_path) as url:
+    with fresh_database(database_kinds()[-1], tmp_path, session_databases) as url:
         yield url
 
 

@@ -9,19 +9,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from service.settings import Settings
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.inference_tests.test_inference_tests_e2e import stored_jobs, wait_ended
 from tests.support.endpoints import GARBLED_MODEL, STALLED_MODEL
-from tests.support.live import live_service
-from tests.support.waiting import wait_until
+from tests.support.live import in_process_service
+from tests.support.waiting import scaled, wait_until
 
 
 def test_default_endpoint_without_openrouter_key_is_refused_before_anything_runs(
     inference_settings: Callable[..., Settings],
 ) -> None:
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
         refused = client.post("/inference-tests", json={"environment": "echo"})
         assert refused.status_code == 409
         error = refused.json()["error"]
@@ -34,7 +35,7 @@ def test_unloadable_tokenizer_is_refused_before_anything_runs(
     inference_settings: Callable[..., Settings], endpoint: str, tmp_path: Path
 ) -> None:
     missing = tmp_path / "no-model-here"
-    with live_service(inference_settings(tokenizer_name=str(missing))) as live, live.client() as client:
+    with in_process_service(inference_settings(tokenizer_name=str(missing))) as live, live.client() as client:
         refused = client.post("/inference-tests", json={"environment": "echo", "base_url": endpoint})
         assert refused.status_code == 409
         error = refused.json()["error"]
@@ -57,7 +58,7 @@ def test_invalid_requests_are_refused_with_their_own_codes(
         ({"environment": "echo", "base_url": "ftp://example.com/v1"}, 422, "VALIDATION_ERROR"),
         ({"environment": "echo", "api_key": "sk-from-the-body"}, 422, "VALIDATION_ERROR"),
     ]
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
         for body, status, code in cases:
             answer = client.post("/inference-tests", json={"base_url": endpoint, **body})
             assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), body
@@ -66,18 +67,22 @@ def test_invalid_requests_are_refused_with_their_own_codes(
         assert client.get("/inference-tests").json()["count"] == 0
 
 
+@pytest.mark.e2e
 def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_completes(
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
     models = [SERVED_MODELS[0], STALLED_MODEL, GARBLED_MODEL]
-    with live_service(inference_settings()) as live, live.client() as client:
+    # One time-out for all three: long enough for the healthy model's whole run (a child that imports atroposlib,
+    # then six completions) on a loaded 2-core machine, which the stalled one then waits out.
+    timeout_s = round(scaled(60))
+    with in_process_service(inference_settings()) as live, live.client() as client:
         body = {
             "environment": "echo",
             "num_steps": 2,
             "group_size": 3,
             "models": models,
             "base_url": faulty_endpoint,
-            "timeout_s": 20,
+            "timeout_s": timeout_s,
         }
         created = client.post("/inference-tests", json=body)
         assert created.status_code == 202, created.text
@@ -86,7 +91,7 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     by_model = {r["model"]: r for r in test["result"]["models_tested"]}
     assert by_model[SERVED_MODELS[0]]["status"] == "succeeded" and by_model[SERVED_MODELS[0]]["steps_tested"] == 2
     assert by_model[STALLED_MODEL]["status"] == "failed"
-    assert by_model[STALLED_MODEL]["error"] == "timed out after 20 s (0 of 2 steps done)"
+    assert by_model[STALLED_MODEL]["error"] == f"timed out after {timeout_s} s (0 of 2 steps done)"
     assert by_model[GARBLED_MODEL]["status"] == "failed"
     assert "not a chat completion" in by_model[GARBLED_MODEL]["error"]
     summary = test["result"]["summary"]
@@ -94,6 +99,7 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     assert test["progress"] == {"done": 6, "total": 6}
 
 
+@pytest.mark.e2e
 def test_cancel_and_restart_stop_the_children(
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
@@ -105,7 +111,7 @@ def test_cancel_and_restart_stop_the_children(
         "models": [STALLED_MODEL],
         "base_url": faulty_endpoint,
     }
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         cancelled = client.post("/inference-tests", json=body).json()["id"]
         wait_until(lambda: child_processes(settings), timeout=60, message="the model's child process")
         assert client.post(f"/jobs/{cancelled}/cancel").status_code == 200
@@ -115,11 +121,12 @@ def test_cancel_and_restart_stop_the_children(
         interrupted = client.post("/inference-tests", json=body).json()["id"]
         wait_until(lambda: child_processes(settings), timeout=60, message="the model's child process")
     assert not child_processes(settings), "the service stopped but left its child running"
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         test = client.get(f"/inference-tests/{interrupted}").json()
     assert test["status"] == "failed" and "restarted" in test["error"]
 
 
+@pytest.mark.e2e
 def test_secrets_printed_or_raised_by_the_environment_are_scrubbed(
     inference_settings: Callable[..., Settings], endpoint: str, tmp_path: Path
 ) -> None:
@@ -127,7 +134,7 @@ def test_secrets_printed_or_raised_by_the_environment_are_scrubbed(
     extra.mkdir()
     (extra / "leaky.py").write_text(LEAKY_ENVIRONMENT)
     settings = inference_settings(environment_dirs=str(extra))
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         body = {
             "environment": "leaky",
             "num_steps": 1,

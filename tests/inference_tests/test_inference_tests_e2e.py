@@ -19,8 +19,10 @@ from service.db.models import Job
 from service.settings import Settings
 from tests.conftest import REPO_ROOT, TEST_DATA
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 UNKNOWN_MODEL = "nobody/no-such-model"
 ENDED = {"succeeded", "failed", "cancelled"}
@@ -63,7 +65,7 @@ def test_two_models_complete_and_an_unknown_one_fails_alone(
     models = [*SERVED_MODELS, UNKNOWN_MODEL]
     config = {"max_new_tokens": 8} if environment == "gsm8k" else {}
     settings = inference_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         body = {
             "environment": environment,
             "num_steps": 2,

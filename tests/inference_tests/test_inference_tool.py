@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pytest
+
 from service.settings import Settings
 from tests.inference_tests.conftest import SERVED_MODELS
 from tests.ops.cli import rlctl
-from tests.support.live import live_service
+from tests.support.live import in_process_service, live_service
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def test_an_agent_tests_the_selected_environment(inference_settings: Callable[..., Settings], endpoint: str) -> None:
-    with live_service(inference_settings()) as live, live.client() as client:
+    with in_process_service(inference_settings()) as live, live.client() as client:
 
         def call(tool: str, **arguments: object) -> dict:
             response = client.post(f"/tools/{tool}", json=arguments, headers={"X-Tool-Session": "tester"})
@@ -39,7 +43,7 @@ def test_an_agent_tests_the_selected_environment(inference_settings: Callable[..
 def test_the_cli_runs_an_inference_test_and_follows_it(
     inference_settings: Callable[..., Settings], endpoint: str
 ) -> None:
-    with live_service(inference_settings()) as live:
+    with live_service(inference_settings()) as live:  # the CLI is another process: it needs a port
         result = rlctl(
             live.base_url,
             "inference-test",

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from service.jobs.runner import JobFailed, JobHandle, JobKind
 from service.settings import Settings
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 
 release = threading.Event()
@@ -42,7 +42,7 @@ def register(app: FastAPI, resumable: bool = True) -> None:
 
 
 def test_progress_and_result(make_settings: Callable[..., Settings]) -> None:
-    with live_service(make_settings(), register) as live, live.client() as client:
+    with in_process_service(make_settings(), register) as live, live.client() as client:
         job_id = live.app.state.context.jobs.submit("test_count", {"count": 5})
         job = wait_until(
             lambda: (j := client.get(f"/jobs/{job_id}").json())["status"] == "succeeded" and j,
@@ -56,7 +56,7 @@ def test_progress_and_result(make_settings: Callable[..., Settings]) -> None:
 
 
 def test_failures_are_recorded_with_their_reason(make_settings: Callable[..., Settings]) -> None:
-    with live_service(make_settings(), register) as live, live.client() as client:
+    with in_process_service(make_settings(), register) as live, live.client() as client:
         runner = live.app.state.context.jobs
         failed, crashed = runner.submit("test_fail", {}), runner.submit("test_crash", {})
         assert runner.wait(failed, 30) == "failed" and runner.wait(crashed, 30) == "failed"
@@ -66,7 +66,7 @@ def test_failures_are_recorded_with_their_reason(make_settings: Callable[..., Se
 
 def test_cancel_a_running_job_and_refuse_to_cancel_an_ended_one(make_settings: Callable[..., Settings]) -> None:
     release.clear()
-    with live_service(make_settings(), register) as live, live.client() as client:
+    with in_process_service(make_settings(), register) as live, live.client() as client:
         job_id = live.app.state.context.jobs.submit("test_count", {"count": 10, "pause_at": 3})
         wait_until(lambda: client.get(f"/jobs/{job_id}").json()["progress"]["done"] == 3, timeout=30, message="3")
         assert client.post(f"/jobs/{job_id}/cancel").status_code == 200
@@ -79,11 +79,11 @@ def test_cancel_a_running_job_and_refuse_to_cancel_an_ended_one(make_settings: C
 def test_a_restart_resumes_resumable_jobs_and_fails_the_others(make_settings: Callable[..., Settings]) -> None:
     release.clear()
     settings = make_settings()
-    with live_service(settings, register) as live:
+    with in_process_service(settings, register) as live:
         resumable = live.app.state.context.jobs.submit("test_count", {"count": 4, "pause_at": 2})
         wait_until(lambda: live.app.state.context.jobs.wait(resumable, 0) == "running", timeout=30, message="run")
     release.set()  # the service is gone; the next one will finish the job
-    with live_service(settings, register) as live, live.client() as client:
+    with in_process_service(settings, register) as live, live.client() as client:
         assert live.app.state.context.jobs.wait(resumable, 30) == "succeeded"
         assert client.get(f"/jobs/{resumable}").json()["result"] == {"counted": 4, "resumed": True}
 
@@ -91,10 +91,10 @@ def test_a_restart_resumes_resumable_jobs_and_fails_the_others(make_settings: Ca
 def test_a_restart_fails_jobs_that_cannot_resume(make_settings: Callable[..., Settings]) -> None:
     release.clear()
     settings = make_settings()
-    with live_service(settings, lambda app: register(app, resumable=False)) as live:
+    with in_process_service(settings, lambda app: register(app, resumable=False)) as live:
         job_id = live.app.state.context.jobs.submit("test_count", {"count": 4, "pause_at": 2})
         wait_until(lambda: live.app.state.context.jobs.wait(job_id, 0) == "running", timeout=30, message="run")
-    with live_service(settings, lambda app: register(app, resumable=False)) as live, live.client() as client:
+    with in_process_service(settings, lambda app: register(app, resumable=False)) as live, live.client() as client:
         job = client.get(f"/jobs/{job_id}").json()
         assert job["status"] == "failed"
         assert "restarted" in job["error"]

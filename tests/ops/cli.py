@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.support.waiting import scaled
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RLCTL = [sys.executable, "-m", "service.cli"]
 
@@ -24,7 +26,12 @@ def client_env(base_url: str, token: str | None = None) -> dict[str, str]:
 
 def rlctl(base_url: str, *args: str, token: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*RLCTL, *args], env=client_env(base_url, token), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+        [*RLCTL, *args],
+        env=client_env(base_url, token),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
     )
 
 
@@ -65,4 +72,4 @@ class LineCollector:
 def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()
-    process.wait(timeout=30)
+    process.wait(timeout=scaled(30))

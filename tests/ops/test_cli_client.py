@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from service.jobs.runner import JobFailed, JobHandle, JobKind
@@ -18,12 +19,13 @@ from tests.conftest import build_settings
 from tests.ops.cli import LineCollector, rlctl, spawn, stop
 from tests.ops.seeding import SeededRun, seed_run
 from tests.support.live import free_port, live_service
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 
 TOKEN = "cli-client-token"
 TERMINAL = {"completed", "stopped", "failed"}
 
 
+@pytest.mark.e2e
 def test_the_cli_drives_an_offline_run_to_completion_following_its_trainer_log(run_settings) -> None:  # type: ignore[no-untyped-def]
     settings = run_settings(api_token=TOKEN)
     with live_service(settings) as live, live.client() as api:
@@ -48,8 +50,8 @@ def test_the_cli_drives_an_offline_run_to_completion_following_its_trainer_log(r
         try:
             followed_log = LineCollector(log_follower.stdout, first_line_seen)
             progress, record = LineCollector(run_follower.stderr), LineCollector(run_follower.stdout)
-            assert run_follower.wait(timeout=360) == 0, progress.text()
-            assert log_follower.wait(timeout=60) == 0, log_follower.stderr.read()  # type: ignore[union-attr]
+            assert run_follower.wait(timeout=scaled(360)) == 0, progress.text()
+            assert log_follower.wait(timeout=scaled(60)) == 0, log_follower.stderr.read()  # type: ignore[union-attr]
             for collector in (followed_log, progress, record):
                 collector.join(timeout=10)
         finally:
@@ -101,6 +103,7 @@ def sqlite_settings(tmp_path: Path, **overrides: Any) -> Settings:
     return build_settings(tmp_path / "var", f"sqlite:///{tmp_path / 'rlctl.db'}", **overrides)
 
 
+@pytest.mark.e2e
 def test_environments_errors_and_connection_options(tmp_path: Path) -> None:
     with live_service(sqlite_settings(tmp_path, api_token=TOKEN)) as live:
         listed = rlctl(live.base_url, "envs", "list", token=TOKEN)
@@ -156,6 +159,7 @@ def _register(app: FastAPI) -> None:
     app.state.context.jobs.register(JobKind("cli_failing", _failing))
 
 
+@pytest.mark.e2e
 def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settings]) -> None:
     gate.clear()
     with live_service(make_settings(), _register) as live:
@@ -167,7 +171,7 @@ def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settin
             # the job waits at 1/3 until the follower has shown it: progress is live, not a summary at the end
             wait_until(lambda: "running [######" in progress.text() and "1/3" in progress.text(), timeout=60)
             gate.set()
-            follower.wait(timeout=60)
+            follower.wait(timeout=scaled(60))
             progress.join(timeout=10)
             output.join(timeout=10)
         finally:

@@ -44,9 +44,12 @@ from tests.support.databases import POSTGRES_URL_VARIABLE
 from tests.support.live import free_port
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get(POSTGRES_URL_VARIABLE), reason=f"needs PostgreSQL: set {POSTGRES_URL_VARIABLE} (CI does)"
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not os.environ.get(POSTGRES_URL_VARIABLE), reason=f"needs PostgreSQL: set {POSTGRES_URL_VARIABLE} (CI does)"
+    ),
+]
 PYTHON_IMAGE_PATH = "/usr/local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 COMPOSE_PORT = 8080
 

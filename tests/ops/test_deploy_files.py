@@ -177,6 +177,7 @@ def test_compose_variables_and_env_file_exist_in_the_project() -> None:
         assert {"TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY"} <= commented
 
 
+@pytest.mark.e2e
 def test_the_example_env_file_alone_does_not_expose_the_service(tmp_path: Path) -> None:
     """The compose command binds 0.0.0.0; with the example's empty token, the service refuses to start."""
     compose = load_compose(COMPOSE)

@@ -16,7 +16,7 @@ from service.jobs.runner import JobFailed, JobHandle, JobKind
 from service.settings import Settings
 from tests.conftest import build_settings
 from tests.ops.seeding import SeededRun, seed_run
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 
 TOKEN = "metrics-token"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -41,7 +41,7 @@ def test_http_requests_are_counted_by_route_and_logged_with_their_request_id(
 ) -> None:
     settings = make_settings(api_token=TOKEN, max_body_bytes=1000)
     with (
-        live_service(settings) as live,
+        in_process_service(settings) as live,
         live.client() as client,
         caplog.at_level(logging.INFO, logger="rlctl.access"),
     ):
@@ -52,7 +52,8 @@ def test_http_requests_are_counted_by_route_and_logged_with_their_request_id(
         assert client.request("PROPFIND", "/healthz").status_code == 405
         too_large = client.post("/runs", content=b"{" * 2000, headers={"Content-Type": "application/json"})
         assert too_large.status_code == 413
-        assert httpx.get(f"{live.base_url}/metrics").status_code == 401  # behind the token, like the API
+        with live.anonymous() as anonymous:
+            assert anonymous.get("/metrics").status_code == 401  # behind the token, like the API
         samples = scrape(client)
 
     assert value(samples, "rlctl_http_requests_total", method="GET", route="/runs/{run_id}", status="404") == 2
@@ -94,7 +95,7 @@ def test_state_gauges_come_from_the_database_on_every_replica_and_after_a_restar
     done = seed_run(settings, SeededRun(status="completed"))
     seed_run(settings, SeededRun(status="failed"))
 
-    with live_service(settings, _register_jobs) as first, first.client() as client:
+    with in_process_service(settings, _register_jobs) as first, first.client() as client:
         runner = first.app.state.context.jobs
         jobs = [runner.submit("ops_ok", {}), runner.submit("ops_ok", {}), runner.submit("ops_fail", {})]
         assert [runner.wait(job, 30) for job in jobs] == ["succeeded", "succeeded", "failed"]
@@ -103,9 +104,9 @@ def test_state_gauges_come_from_the_database_on_every_replica_and_after_a_restar
         assert client.get(f"/runs/{done.id}/status").status_code == 200  # ended: outside the limit, not counted
         on_first = scrape(client)
         other_settings = build_settings(tmp_path / "replica-2", database_url)
-        with live_service(other_settings) as second, second.client() as other:
+        with in_process_service(other_settings) as second, second.client() as other:
             on_second = scrape(other)
-    with live_service(settings, _register_jobs) as restarted, restarted.client() as client:
+    with in_process_service(settings, _register_jobs) as restarted, restarted.client() as client:
         after_restart = scrape(client)
 
     expected = {

@@ -17,6 +17,8 @@ from tests.support.browser import Browser, chromium_executable, headless_chromiu
 from tests.support.live import LiveService, live_service
 from tests.support.png import read_png
 
+pytestmark = pytest.mark.e2e
+
 TOKEN = "ui-token"
 REWARDS = [0.125, 0.25, 0.1875, 0.5, 0.875, 1.0]
 LOSSES = [1.5, 1.25, 1.0, 0.75, 0.5, 0.25]

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_DATA, build_settings
-from tests.support.databases import database_kinds, fresh_database
-from tests.support.live import LiveService, live_service
+from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
+from tests.support.live import Service, in_process_service
 from tests.support.reaper import stop_run_processes
 from tests.support.waiting import wait_until
 
@@ -22,10 +22,10 @@ FAST_LOCAL = {"local_total_steps": 6, "local_save_checkpoint_interval": 3, "stop
 
 
 @pytest.fixture
-def process_database_url(tmp_path: Path) -> Iterator[str]:
+def process_database_url(tmp_path: Path, session_databases: MigratedDatabases) -> Iterator[str]:
     """Runs with real processes are slow: they use PostgreSQL when it is configured (CI), else SQLite."""
     kind = database_kinds()[-1]
-    with fresh_database(kind, tmp_path) as url:
+    with fresh_database(kind, tmp_path, session_databases) as url:
         yield url
         stopped = stop_run_processes(url)
         assert not stopped, f"processes of runs were left running: {stopped}"
@@ -40,8 +40,8 @@ def run_settings(tmp_path: Path, process_database_url: str) -> Callable[..., Any
 
 
 @pytest.fixture
-def run_service(run_settings: Callable[..., Any]) -> Iterator[LiveService]:
-    with live_service(run_settings()) as live:
+def run_service(run_settings: Callable[..., Any]) -> Iterator[Service]:
+    with in_process_service(run_settings()) as live:
         yield live
 
 

@@ -9,14 +9,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
+import pytest
 
 from service.db.engine import Database
 from service.db.models import Run, RunProcess
 from service.settings import Settings
 from tests.runs.conftest import wait_for_status
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.reaper import process_alive
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def test_runs_of_a_dead_replica_end_with_a_reason_and_its_processes_are_not_signalled(
@@ -25,7 +28,7 @@ def test_runs_of_a_dead_replica_end_with_a_reason_and_its_processes_are_not_sign
     # A process that "belongs" to the other replica's run: alive, recorded with its real identity.
     foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     try:
-        with live_service(run_settings()) as live:
+        with in_process_service(run_settings()) as live:
             db = Database(process_database_url)
             with db.session() as session:
                 session.add(
@@ -67,7 +70,7 @@ def test_a_stop_asked_of_another_replica_is_carried_out_by_the_owner(
 ) -> None:
     owner_settings = run_settings(local_total_steps=10_000, replica_id="owner")
     other_settings = run_settings(data_dir=tmp_path / "other", replica_id="other")
-    with live_service(owner_settings) as owner, live_service(other_settings) as other:
+    with in_process_service(owner_settings) as owner, in_process_service(other_settings) as other:
         with owner.client() as client:
             run_id = client.post("/runs", json={"environment": "echo", "backend": "local"}).json()["id"]
             running = wait_for_status(client, run_id, {"running"}, timeout=240)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 from sqlalchemy import update
 
 from service.db.engine import Database
@@ -18,6 +19,8 @@ from tests.runs.conftest import service_environment, wait_for_status
 from tests.support.reaper import process_alive
 from tests.support.service_process import ServiceProcess
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def long_run_service(tmp_path: Path, database_url: str) -> ServiceProcess:

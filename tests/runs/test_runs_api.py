@@ -8,7 +8,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 
 from service.db.engine import Database
@@ -16,7 +15,7 @@ from service.db.models import Run, RunMetric
 from service.runs.paths import RunPaths
 from service.settings import Settings
 from tests.runs.conftest import wait_for_status
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from tests.support.waiting import wait_until
 
 
@@ -35,12 +34,12 @@ def make_run(run_id: str, status: str = "completed", environment: str = "echo", 
 
 
 @pytest.fixture
-def service(make_settings: Callable[..., Settings]) -> LiveService:
-    with live_service(make_settings()) as live:
+def service(make_settings: Callable[..., Settings]) -> Service:
+    with in_process_service(make_settings()) as live:
         yield live
 
 
-def test_tinker_without_a_key_is_refused_before_anything_exists(service: LiveService) -> None:
+def test_tinker_without_a_key_is_refused_before_anything_exists(service: Service) -> None:
     with service.client() as client:
         response = client.post("/runs", json={"environment": "echo", "backend": "tinker"})
         assert response.status_code == 409
@@ -60,7 +59,7 @@ def test_tinker_without_a_key_is_refused_before_anything_exists(service: LiveSer
         ({"environment": "echo", "backend": "gpu"}, 422, "VALIDATION_ERROR"),
     ],
 )
-def test_bad_run_requests_change_nothing(service: LiveService, body: dict, status: int, code: str) -> None:
+def test_bad_run_requests_change_nothing(service: Service, body: dict, status: int, code: str) -> None:
     with service.client() as client:
         response = client.post("/runs", json={"backend": "local", **body})
         assert response.status_code == status, response.text
@@ -71,7 +70,7 @@ def test_bad_run_requests_change_nothing(service: LiveService, body: dict, statu
     )
 
 
-def test_the_same_idempotency_key_gives_the_same_run(service: LiveService) -> None:
+def test_the_same_idempotency_key_gives_the_same_run(service: Service) -> None:
     body = {"environment": "echo", "backend": "local", "idempotency_key": "retry-me"}
     with service.client() as client:
         first = client.post("/runs", json=body)
@@ -85,7 +84,7 @@ def test_the_same_idempotency_key_gives_the_same_run(service: LiveService) -> No
         assert client.post(f"/runs/{first.json()['id']}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
 
 
-def test_listing_filters_and_pages_newest_first(service: LiveService, database_url: str) -> None:
+def test_listing_filters_and_pages_newest_first(service: Service, database_url: str) -> None:
     add_runs(
         database_url,
         *(make_run(f"r{i}", "completed" if i % 2 else "failed", minutes_ago=10 - i) for i in range(5)),
@@ -106,7 +105,7 @@ def test_listing_filters_and_pages_newest_first(service: LiveService, database_u
         assert client.get("/runs", params={"cursor": "not a cursor"}).status_code == 422
 
 
-def test_metrics_filter_by_name_and_step_range(service: LiveService, database_url: str) -> None:
+def test_metrics_filter_by_name_and_step_range(service: Service, database_url: str) -> None:
     rows = tuple(
         RunMetric(run_id="m1", name=name, step=step, value=step * factor)
         for step in range(1, 11)
@@ -123,7 +122,7 @@ def test_metrics_filter_by_name_and_step_range(service: LiveService, database_ur
         assert client.get("/runs/missing/metrics").status_code == 404
 
 
-def test_the_trainers_warnings_are_on_the_run_record(service: LiveService, database_url: str) -> None:
+def test_the_trainers_warnings_are_on_the_run_record(service: Service, database_url: str) -> None:
     add_runs(database_url, make_run("w1"), make_run("w2"))
     warning = {"code": "parameter_ignored", "parameter": "adam_params.grad_clip_norm", "message": "ignored"}
     state = RunPaths(service.settings.data_path, "w1").trainer_state
@@ -134,7 +133,7 @@ def test_the_trainers_warnings_are_on_the_run_record(service: LiveService, datab
         assert client.get("/runs/w2").json()["warnings"] == []  # no trainer state yet
 
 
-def test_logs_tail_and_follow_until_the_run_ends(service: LiveService, database_url: str) -> None:
+def test_logs_tail_and_follow_until_the_run_ends(service: Service, database_url: str) -> None:
     add_runs(database_url, make_run("l1", "running"))
     log = RunPaths(service.settings.data_path, "l1").log("trainer")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -145,9 +144,10 @@ def test_logs_tail_and_follow_until_the_run_ends(service: LiveService, database_
         received: list[str] = []
 
         def follow() -> None:
-            with httpx.stream(
-                "GET", f"{service.base_url}/runs/l1/logs/trainer", params={"tail": 1, "follow": True}, timeout=60
-            ) as response:
+            with (
+                service.client() as follower,
+                follower.stream("GET", "/runs/l1/logs/trainer", params={"tail": 1, "follow": True}) as response,
+            ):
                 for line in response.iter_lines():
                     received.append(line)
 
@@ -166,9 +166,10 @@ def test_logs_tail_and_follow_until_the_run_ends(service: LiveService, database_
         assert received == ["line 9", "line 10", "line 11"]
 
 
+@pytest.mark.e2e
 def test_a_run_without_progress_is_flagged_stalled(run_settings: Callable[..., Settings], tmp_path: Path) -> None:
     """gsm8k on the tiny model: every reward is 0, Atropos drops each group, no step ever happens."""
-    with live_service(run_settings(stall_after_s=3, local_total_steps=50)) as live, live.client() as client:
+    with in_process_service(run_settings(stall_after_s=3, local_total_steps=50)) as live, live.client() as client:
         run_id = client.post(
             "/runs",
             json={"environment": "gsm8k", "backend": "local", "config": {"max_new_tokens": 16, "eval_items": 0}},

@@ -12,9 +12,11 @@ import psutil
 import pytest
 
 from tests.runs.conftest import wait_for_status
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from tests.support.reaper import process_alive
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def start(client: httpx.Client, **body: object) -> dict:
@@ -27,7 +29,7 @@ def processes_of(client: httpx.Client, run_id: str) -> dict[str, dict]:
     return {p["role"]: p for p in client.get(f"/runs/{run_id}").json()["processes"]}
 
 
-def test_an_offline_run_completes_on_its_own(run_service: LiveService) -> None:
+def test_an_offline_run_completes_on_its_own(run_service: Service) -> None:
     with run_service.client() as client:
         created = start(client, config={"group_size": 8, "batch_size": 32})
         assert created["status"] in ("pending", "starting")
@@ -61,7 +63,7 @@ def test_an_offline_run_completes_on_its_own(run_service: LiveService) -> None:
 
 
 def test_two_runs_live_side_by_side_and_one_is_stopped(run_settings) -> None:  # type: ignore[no-untyped-def]
-    with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
+    with in_process_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
         first, second = start(client), start(client)
         assert first["ports"] != second["ports"]
         wait_for_status(client, first["id"], {"running"}, timeout=240)
@@ -78,7 +80,7 @@ def test_two_runs_live_side_by_side_and_one_is_stopped(run_settings) -> None:  #
         assert client.post(f"/runs/{second['id']}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
 
 
-def test_stop_during_start_up_cancels_it(run_service: LiveService) -> None:
+def test_stop_during_start_up_cancels_it(run_service: Service) -> None:
     with run_service.client() as client:
         run_id = start(client)["id"]
         stopped = client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}).json()
@@ -96,7 +98,7 @@ KILLED_RUN_FAILS_WITHIN_S = 60
 
 @pytest.mark.parametrize("role", ["env", "trainer", "api"])
 def test_a_killed_process_fails_the_run_naming_it_and_its_siblings_go(run_settings, role: str) -> None:  # type: ignore[no-untyped-def]
-    with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
+    with in_process_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
         run_id = start(client)["id"]
         wait_for_status(client, run_id, {"running"}, timeout=240)
         processes = processes_of(client, run_id)
@@ -118,7 +120,7 @@ def test_no_secret_reaches_a_response_log_yaml_or_row(run_settings, process_data
     }
     settings = run_settings(**planted)
     with (
-        live_service(settings) as live,
+        in_process_service(settings) as live,
         live.client() as client,
     ):
         run_id = start(client)["id"]

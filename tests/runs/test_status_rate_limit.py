@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 from sqlalchemy import func, select
 
 from service.db.engine import Database
 from service.db.models import Run, StatusCheck
 from service.settings import Settings
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 
 
@@ -44,7 +43,7 @@ def status_rows(database_url: str) -> int:
 def test_second_check_is_429_with_retry_after_and_the_last_snapshot(
     make_settings: Callable[..., Settings], database_url: str
 ) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         add_run(database_url, "run1")
         first = client.get("/runs/run1/status")
         assert first.status_code == 200, first.text
@@ -65,7 +64,7 @@ def test_second_check_is_429_with_retry_after_and_the_last_snapshot(
 
 
 def test_unknown_id_is_404_and_consumes_nothing(make_settings: Callable[..., Settings], database_url: str) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         add_run(database_url, "known")
         missing = client.get("/runs/unknown1/status")
         assert missing.status_code == 404
@@ -76,21 +75,21 @@ def test_unknown_id_is_404_and_consumes_nothing(make_settings: Callable[..., Set
 
 def test_the_limit_holds_across_a_restart(make_settings: Callable[..., Settings], database_url: str) -> None:
     settings = make_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         add_run(database_url, "kept")
         assert client.get("/runs/kept/status").status_code == 200
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         limited = client.get("/runs/kept/status")
         assert limited.status_code == 429
         assert limited.json()["last_snapshot"]["run_id"] == "kept"
 
 
 def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., Settings], database_url: str) -> None:
-    with live_service(make_settings()) as live:
+    with in_process_service(make_settings()) as live:
         add_run(database_url, "busy")
 
         def check(_: int) -> int:
-            with httpx.Client(base_url=live.base_url, timeout=60) as client:
+            with live.client() as client:
                 return client.get("/runs/busy/status").status_code
 
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -99,7 +98,7 @@ def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., 
 
 
 def test_a_check_is_allowed_again_after_the_interval(make_settings: Callable[..., Settings], database_url: str) -> None:
-    with live_service(make_settings(status_check_interval_s=1)) as live, live.client() as client:
+    with in_process_service(make_settings(status_check_interval_s=1)) as live, live.client() as client:
         add_run(database_url, "later")
         assert client.get("/runs/later/status").status_code == 200
         assert client.get("/runs/later/status").status_code == 429
@@ -109,7 +108,7 @@ def test_a_check_is_allowed_again_after_the_interval(make_settings: Callable[...
 def test_an_ended_run_answers_its_final_state_without_using_the_allowance(
     make_settings: Callable[..., Settings], database_url: str
 ) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         add_run(database_url, "ending", last_step=3)
         assert client.get("/runs/ending/status").json()["live"] is True
         limited = client.get("/runs/ending/status")
@@ -136,7 +135,7 @@ def test_an_ended_run_answers_its_final_state_without_using_the_allowance(
 def test_the_429_of_a_live_run_carries_its_stored_state(
     make_settings: Callable[..., Settings], database_url: str
 ) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         add_run(database_url, "moving", last_step=1)
         assert client.get("/runs/moving/status").status_code == 200
         set_status(database_url, "moving", "running", last_step=9)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.live import free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,18 +55,18 @@ class ServiceProcess:
         """SIGKILL the service alone (not its runs' processes, which live in their own groups)."""
         if self.popen is not None and self.popen.poll() is None:
             os.kill(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=30)
+            self.popen.wait(timeout=scaled(30))
 
     def terminate(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
             try:
-                self.popen.wait(timeout=60)
+                self.popen.wait(timeout=scaled(60))
             except subprocess.TimeoutExpired:
                 self.kill()
 
     def client(self, **kwargs: object) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=120, **kwargs)
+        return httpx.Client(base_url=self.base_url, timeout=scaled(120), **kwargs)
 
 
 @contextmanager

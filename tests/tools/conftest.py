@@ -6,10 +6,10 @@ import pytest
 
 from service.settings import Settings
 from tests.runs.conftest import process_database_url, run_settings  # noqa: F401
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 
 
 @pytest.fixture
-def service(make_settings: Callable[..., Settings]) -> Iterator[LiveService]:
-    with live_service(make_settings()) as live:
+def service(make_settings: Callable[..., Settings]) -> Iterator[Service]:
+    with in_process_service(make_settings()) as live:
         yield live

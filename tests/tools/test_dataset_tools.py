@@ -12,7 +12,7 @@ import pytest
 from service.settings import Settings
 from tests.conftest import TEST_DATA
 from tests.support.endpoints import tiny_model_endpoint
-from tests.support.live import live_service
+from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 from trainer.tiny_model import init_tiny_model
 
@@ -44,7 +44,7 @@ def finished_job(client: httpx.Client, job_id: str) -> dict:
 
 def test_upload_compress_score_and_export_by_tools(make_settings: Callable[..., Settings]) -> None:
     content = (TEST_DATA / "trajectories" / "nemo-gym-xlam-fc-rollouts.jsonl").read_text()
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         uploaded = call(client, "rl_upload_dataset", name="xlam", content=content)
         assert uploaded["record_count"] == 5
         bad = call(client, "rl_upload_dataset", name="bad", content='{"messages": [{"role": "alien"}]}\n')
@@ -74,7 +74,7 @@ def test_upload_compress_score_and_export_by_tools(make_settings: Callable[..., 
 
 
 def test_collect_trajectories_by_tool(make_settings: Callable[..., Settings], agent_endpoint: str) -> None:
-    with live_service(make_settings()) as live, live.client() as client:
+    with in_process_service(make_settings()) as live, live.client() as client:
         started = call(
             client,
             "rl_collect_trajectories",

@@ -69,6 +69,7 @@ def test_mcp_needs_the_token(make_settings: Callable[..., Settings]) -> None:
             anyio.run(with_agent, live.base_url, lambda agent: agent.call("rl_list_runs"), "mcp", "wrong")
 
 
+@pytest.mark.e2e
 def test_the_agent_workflow_over_mcp(run_settings: Callable[..., Settings]) -> None:
     async def work(agent: Agent) -> None:
         assert "echo" in {e["name"] for e in (await agent.call("rl_list_environments"))["environments"]}

@@ -11,7 +11,7 @@ import pytest
 from service.db.engine import Database
 from service.db.models import Run
 from service.settings import Settings
-from tests.support.live import LiveService, live_service
+from tests.support.live import Service, in_process_service
 from tests.support.waiting import wait_until
 
 
@@ -22,8 +22,9 @@ def call(client: httpx.Client, tool: str, session: str | None = None, **argument
     return response.json()
 
 
+@pytest.mark.e2e
 def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None:
-    with live_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
+    with in_process_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
         first = client.post("/tools/rl_list_environments", json={})
         listed = first.json()
         session = listed["tool_session"]  # no session named: a new one, also in the header
@@ -76,16 +77,17 @@ def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None
         assert "final_metrics" in results and "weights" in results
 
 
+@pytest.mark.e2e
 def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
     make_settings: Callable[..., Settings],
 ) -> None:
     settings = make_settings()
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         call(client, "rl_select_environment", session="agent-a", name="echo")
         call(client, "rl_select_environment", session="agent-b", name="gsm8k")
         call(client, "rl_edit_config", session="agent-a", field="group_size", value=4)
         call(client, "rl_edit_config", session="agent-b", field="max_new_tokens", value=64)
-    with live_service(settings) as live, live.client() as client:
+    with in_process_service(settings) as live, live.client() as client:
         a = call(client, "rl_get_current_config", session="agent-a")
         b = call(client, "rl_get_current_config", session="agent-b")
         assert a["environment"] == "echo" and b["environment"] == "gsm8k"
@@ -95,7 +97,7 @@ def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
         assert "no environment selected" in default["error"] and "echo" in default["available"]
 
 
-def test_calls_without_a_session_never_share_one(service: LiveService) -> None:
+def test_calls_without_a_session_never_share_one(service: Service) -> None:
     with service.client() as client:
         selected = client.post("/tools/rl_select_environment", json={"name": "echo"})
         assert selected.status_code == 200
@@ -114,7 +116,7 @@ def test_calls_without_a_session_never_share_one(service: LiveService) -> None:
         assert call(client, "rl_select_environment", "alias", name="gsm8k_tinker")["environment"] == "gsm8k"
 
 
-def test_rl_list_runs_pages_with_a_cursor(service: LiveService, database_url: str) -> None:
+def test_rl_list_runs_pages_with_a_cursor(service: Service, database_url: str) -> None:
     db = Database(database_url)
     with db.session() as session:
         for index in range(5):
@@ -152,7 +154,7 @@ def test_rl_list_runs_pages_with_a_cursor(service: LiveService, database_url: st
     ],
 )
 def test_wrong_arguments_give_an_error_result_naming_the_argument(
-    service: LiveService, tool: str, arguments: dict, argument: str
+    service: Service, tool: str, arguments: dict, argument: str
 ) -> None:
     with service.client() as client:
         result = call(client, tool, **arguments)
@@ -160,7 +162,7 @@ def test_wrong_arguments_give_an_error_result_naming_the_argument(
         assert argument in result["error"]
 
 
-def test_tool_errors_are_results_and_unknown_tools_are_404(service: LiveService) -> None:
+def test_tool_errors_are_results_and_unknown_tools_are_404(service: Service) -> None:
     with service.client() as client:
         assert call(client, "rl_select_environment", name="nope")["available"]
         missing = call(client, "rl_check_status", run_id="abc123")
@@ -171,7 +173,7 @@ def test_tool_errors_are_results_and_unknown_tools_are_404(service: LiveService)
         assert client.post("/tools/rl_list_runs", json={}, headers={"X-Tool-Session": "../x"}).status_code == 422
 
 
-def test_tool_schemas_are_strict_function_calling_schemas(service: LiveService) -> None:
+def test_tool_schemas_are_strict_function_calling_schemas(service: Service) -> None:
     with service.client() as client:
         tools = client.get("/tools").json()["tools"]
     names = [t["function"]["name"] for t in tools]

@@ -16,13 +16,16 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.waiting import scaled
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SECRETS = ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN")
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    """Poll `condition` until it returns something truthy; fail with `what` after the deadline."""
+    """Poll `condition` until it returns something truthy; fail with `what` after the (scaled) deadline."""
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -90,7 +93,7 @@ class Process:
         # Grandchildren may outlive the leader; the group id is the leader's pid.
         self.signal_group(signal.SIGKILL)
         with suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
+            self.popen.wait(timeout=scaled(10))
         self._log.close()
 
     def log_tail(self, lines: int = 40) -> str:

@@ -21,6 +21,8 @@ from tests.trainer.pipeline import (
     write_run_yaml,
 )
 
+pytestmark = pytest.mark.e2e
+
 TOTAL_STEPS = 32
 
 

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import TEST_DATA
 from tests.support.live import free_port
@@ -25,6 +26,8 @@ from tests.trainer.pipeline import (
     wait_http,
     write_run_yaml,
 )
+
+pytestmark = pytest.mark.e2e
 
 GSM8K_ENV = REPO_ROOT / "environments" / "gsm8k.py"
 GSM8K_DATA = TEST_DATA / "gsm8k"  # the excerpt (tests/data/SOURCES.md)

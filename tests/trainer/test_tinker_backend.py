@@ -37,6 +37,8 @@ from tests.trainer.pipeline import (
 )
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
 
+pytestmark = pytest.mark.e2e
+
 GROUP_SIZE, BATCH_SIZE = 4, 8
 
 

@@ -65,6 +65,7 @@ def steps_done(run_dir: Path) -> list[int]:
     return [record["step"] for record in step_metrics(run_dir)]
 
 
+@pytest.mark.e2e
 def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
     api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / "run"

@@ -18,7 +18,6 @@ document (copied from SkyRL's, so fields they do not declare are dropped as SkyR
 """
 
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from tinker.proto import tinker_public_pb2 as pb
+
+from tests.support.waiting import wait_until
 
 PROTOBUF = "application/x-protobuf"
 
@@ -397,11 +398,13 @@ class LoopbackServer:
 
     def __enter__(self) -> "LoopbackServer":
         self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+
+        def started() -> bool:
+            if not self._thread.is_alive():
                 raise RuntimeError("the loopback Tinker server did not start")
-            time.sleep(0.02)
+            return self._server.started
+
+        wait_until(started, timeout=20, interval=0.02, message="the loopback Tinker server starts")
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -1,0 +1,143 @@
+"""The terminal tool's sandbox, attacked as a hostile model would: every attempt must fail, whatever it does.
+
+Each test runs real commands in the real sandbox (bubblewrap) and checks the host afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.collections.sandbox import Sandbox, SandboxUnavailable, find_sandbox, require_sandbox
+from service.collections.tools import TOOL_NAMES, Toolbox
+from tests.support.waiting import wait_until
+
+SECRET = "sk-or-planted-secret-9f"
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    target = tmp_path / "service-file.txt"
+    target.write_text("not yours", encoding="utf-8")
+    return target
+
+
+@pytest.fixture
+def toolbox(tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> Iterator[Toolbox]:
+    monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
+    work = tmp_path / "work"
+    work.mkdir()
+    yield Toolbox(list(TOOL_NAMES), work, timeout_s=5.0, output_limit=4000, runner=sandbox)
+
+
+def call(toolbox: Toolbox, name: str, **arguments: object) -> dict:
+    return json.loads(toolbox.call(name, arguments))
+
+
+def run(toolbox: Toolbox, command: str) -> dict:
+    return call(toolbox, "terminal", command=command)
+
+
+def test_the_command_sees_no_secret_file_or_process_of_the_service(toolbox: Toolbox, outside: Path) -> None:
+    result = run(
+        toolbox,
+        "env; echo ---; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; echo ---; "
+        f"cat {outside} 2>&1; ls {outside.parent} 2>&1; echo ---; ls /proc | grep -E '^[0-9]+$'",
+    )
+    assert result["exit_code"] == 0, result
+    assert SECRET not in result["output"] and "not yours" not in result["output"]
+    environment = result["output"].split("---")[0].split()
+    assert {line.split("=")[0] for line in environment} <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_"}
+    assert "No such file" in result["output"]  # the service's files are not in its view at all
+    processes = [line for line in result["output"].split("---")[3].splitlines() if line.strip()]
+    assert len(processes) <= 8, processes  # its own few (init, bash, ls, grep), none of the host's
+    assert str(os.getpid()) not in processes
+
+
+def test_only_the_work_directory_is_writable(toolbox: Toolbox) -> None:
+    result = run(toolbox, "touch /usr/x /etc/x /x 2>&1; echo made > here.txt; pwd; id -u")
+    assert result["output"].count("Read-only file system") + result["output"].count("Permission denied") >= 3
+    assert not Path("/usr/x").exists() and not Path("/x").exists()
+    assert (toolbox.sandbox / "here.txt").read_text() == "made\n"
+    assert result["output"].splitlines()[-2:] == ["/work", "1000"]
+
+
+def test_no_network(toolbox: Toolbox) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        result = run(toolbox, f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED; exec 3<>/dev/tcp/1.1.1.1/80")
+    finally:
+        listener.close()
+    assert "CONNECTED" not in result["output"] and result["exit_code"] != 0
+
+
+def test_a_fork_bomb_stops_at_the_process_limit_and_the_host_keeps_running(toolbox: Toolbox) -> None:
+    started = time.monotonic()
+    result = run(toolbox, "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived")
+    assert time.monotonic() - started < 60
+    assert "Resource temporarily unavailable" in result["output"], result
+    # The service still starts processes of its own, and the next call runs normally.
+    assert run(toolbox, "echo fine")["output"] == "fine\n"
+
+
+def test_every_process_ends_with_the_call_even_new_sessions(toolbox: Toolbox) -> None:
+    marker = "rlctl-sandbox-escape-marker"
+    result = run(toolbox, f"setsid sh -c 'exec -a {marker} sleep 600' </dev/null >/dev/null 2>&1 & disown; echo ok")
+    assert result["exit_code"] == 0
+    wait_until(lambda: not _processes_named(marker), timeout=10, message="no sandboxed process outlives its call")
+    stuck = run(toolbox, f"(exec -a {marker} sleep 600) & sleep 600")
+    assert stuck["error"].startswith("timed out")
+    wait_until(lambda: not _processes_named(marker), timeout=10, message="no process outlives a timed-out call")
+
+
+def test_links_made_in_the_sandbox_cannot_make_the_file_tools_escape(toolbox: Toolbox, outside: Path) -> None:
+    # Inside the sandbox the host's files are not visible: a hard link to them cannot even be attempted.
+    linked = run(toolbox, f"ln {outside} hard.txt 2>&1; ln -s {outside} soft.txt; ln -s / root; mkfifo pipe")
+    assert "No such file" in linked["output"] or "cannot" in linked["output"]
+    # Links made from the host (as a leaked path would let) are refused by the file tools.
+    os.link(outside, toolbox.sandbox / "host-hard.txt")
+    for path in ("soft.txt", "root/etc/passwd", "host-hard.txt", "pipe", "../service-file.txt", str(outside)):
+        for result in (call(toolbox, "read_file", path=path), call(toolbox, "write_file", path=path, content="x")):
+            assert "outside the working directory" in result.get("error", ""), (path, result)
+    assert outside.read_text() == "not yours"
+    assert call(toolbox, "write_file", path="a/b/c.txt", content="deep")["written_bytes"] == 4
+    assert run(toolbox, "cat a/b/c.txt && echo more >> a/b/c.txt")["output"] == "deep"
+    assert call(toolbox, "read_file", path="a/./b/../b/c.txt")["content"] == "deepmore\n"
+
+
+def test_file_size_and_output_limits(toolbox: Toolbox) -> None:
+    big = run(toolbox, "head -c 100000000 /dev/zero > big.bin; echo exit=$?; ls -l big.bin")
+    assert "exit=153" in big["output"] or "File size limit" in big["output"]
+    assert (toolbox.sandbox / "big.bin").stat().st_size <= toolbox.runner.limits.file_bytes  # type: ignore[union-attr]
+    flood = run(toolbox, "yes 0123456789 | head -c 5000000")
+    assert flood["truncated"] and len(flood["output"]) == 4000
+
+
+def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Path) -> None:
+    assert isinstance(find_sandbox(str(tmp_path / "no-bwrap"), 65534), str)
+    with pytest.raises(SandboxUnavailable) as refused:
+        require_sandbox(str(tmp_path / "no-bwrap"), 65534)
+    assert refused.value.status_code == 409 and refused.value.code == "SANDBOX_UNAVAILABLE"
+    unsandboxed = Toolbox(list(TOOL_NAMES), tmp_path, timeout_s=1.0, output_limit=100, runner=None)
+    result = json.loads(unsandboxed.call("terminal", {"command": "touch ran"}))
+    assert "never runs unsandboxed" in result["error"] and not (tmp_path / "ran").exists()
+
+
+def _processes_named(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
