@@ -76,13 +76,13 @@ def build_datum(
     )
 
 
-def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int) -> PreparedBatch:
+def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int, normalize_by_std: bool = False) -> PreparedBatch:
     """Datums for every rollout of every group whose advantages are not all zero."""
     batch = PreparedBatch(num_groups=len(groups))
     for group in groups:
         scores = [float(score) for score in group["scores"]]
         batch.rewards.extend(scores)
-        advantages = group_advantages(scores)
+        advantages = group_advantages(scores, normalize_by_std)
         if all(abs(value) < 1e-12 for value in advantages):
             batch.skipped_groups += 1
             continue

@@ -58,7 +58,18 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
 
     runs = group("runs", "training runs")
     start = command(runs, "start", runs_start, "start a run")
-    start.add_argument("environment")
+    start.add_argument("environment", nargs="?", help="the environment to train on (or --dataset)")
+    start.add_argument("--dataset", metavar="ID", help="train on this trajectory dataset instead of an environment")
+    start.add_argument("--mode", choices=("offline", "online"), default="offline", help="how to use the dataset")
+    start.add_argument("--held-out", type=float, default=0.0, metavar="SHARE", help="share of prompts kept out")
+    start.add_argument(
+        "--reward",
+        dest="rewards",
+        action="append",
+        default=[],
+        metavar="NAME[=WEIGHT]",
+        help="online: a reward of the policy's completions (repeat to combine)",
+    )
     start.add_argument("--backend", choices=("local", "tinker"), help="default: the server's")
     start.add_argument("--set", dest="edits", action="append", default=[], metavar="FIELD=VALUE", help="config edit")
     start.add_argument("--config", type=Path, metavar="FILE", help="YAML or JSON mapping of config edits")
@@ -199,6 +210,7 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
     edits.update(_assignments(args.edits))
     body = {
         "environment": args.environment,
+        "dataset": _dataset_source(args),
         "config": edits,
         "backend": args.backend,
         "idempotency_key": args.idempotency_key,
@@ -209,6 +221,17 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
         return 0
     print(f"run {run['id']} started", file=sys.stderr)
     return _finish_following(args, _follow_run(client, run["id"], args.interval))
+
+
+def _dataset_source(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The request's `dataset` (the same model as POST /runs); the service says when both or neither are given."""
+    if args.dataset is None:
+        return None
+    rewards = []
+    for entry in args.rewards:
+        name, _, weight = entry.partition("=")
+        rewards.append({"name": name, "weight": float(weight) if weight else 1.0})
+    return {"id": args.dataset, "mode": args.mode, "held_out": args.held_out, "rewards": rewards}
 
 
 def runs_list(client: ApiClient, args: argparse.Namespace) -> int:

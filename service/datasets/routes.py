@@ -124,7 +124,7 @@ async def list_datasets(
 @router.get("/{dataset_id}", response_model=DatasetOut, summary="Get a dataset", responses=error_responses(404, 422))
 async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> DatasetOut:
     """Counts, lineage (parent, operation, parameters) and the operation's report."""
-    return await run_in_threadpool(service.get_dataset, ctx, dataset_id)
+    return await run_in_threadpool(service.get_dataset_with_lineage, ctx, dataset_id)
 
 
 @router.delete("/{dataset_id}", status_code=204, summary="Delete a dataset", responses=error_responses(404, 409, 422))

@@ -11,6 +11,7 @@ from service.context import AppContext
 from service.environments import service as environments
 from service.errors import RateLimited, ValidationFailed
 from service.runs import service as runs
+from service.runs.datasets import DATASET_ENVIRONMENTS
 from service.runs.lifecycle import RunStatus
 from service.runs.ratelimit import describe_interval, status_rule
 from service.runs.schemas import CreateRunRequest
@@ -100,16 +101,28 @@ def edit_config(ctx: AppContext, state: SessionState, args: EditConfigArgs) -> E
 
 
 def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs) -> StartedResult:
-    environment = selected_environment(ctx, state)
-    edits = {k: v for k, v in state.pending_config.items() if k != "backend"}
-    backend = args.backend or state.pending_config.get("backend")
-    request = CreateRunRequest(environment=environment, config=edits, backend=backend)
+    if args.dataset is not None:
+        own = state.selected_environment == DATASET_ENVIRONMENTS[args.dataset.mode]
+        pending = state.pending_config if own else {}
+        request = CreateRunRequest(
+            dataset=args.dataset,
+            config={k: v for k, v in pending.items() if k != "backend"},
+            backend=args.backend or pending.get("backend"),
+        )
+    else:
+        request = CreateRunRequest(
+            environment=selected_environment(ctx, state),
+            config={k: v for k, v in state.pending_config.items() if k != "backend"},
+            backend=args.backend or state.pending_config.get("backend"),
+        )
+    edits = request.config
     run, _created = runs.create_run(ctx, ctx.runs, request)
     interval = describe_interval(ctx.settings.status_check_interval_s)
     return StartedResult(
         run_id=run.id,
         status=run.status,
-        environment=environment,
+        environment=run.environment,
+        dataset_id=run.dataset_id,
         backend=run.backend,
         config=edits,
         wandb_project=run.wandb_project,
@@ -231,7 +244,8 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
     Tool(
         "rl_start_training",
         "Start a training run of the selected environment with the pending config (launches the Atropos API, the "
-        f"trainer and the environment). Returns the run_id. {STATUS_RULE}",
+        "trainer and the environment), or, with `dataset`, a run that trains on a trajectory dataset (offline: its "
+        f"scored completions; online: its prompts). Returns the run_id. {STATUS_RULE}",
         StartTrainingArgs,
         StartedResult,
         start_training,
