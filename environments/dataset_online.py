@@ -18,8 +18,9 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
-from trajectories.records import TrajectoryRecord, Turn
+from trajectories.records import TrajectoryRecord
 from trajectories.rewards import WeightedReward, build_rewards, score_record
+from trajectories.training import record_with_completion
 
 
 def default_tokenizer_dir() -> str:
@@ -79,12 +80,6 @@ def read_prompts(path: str | None) -> list[dict[str, Any]]:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def as_record(prompt: dict[str, Any], completion: str) -> TrajectoryRecord:
-    roles = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
-    turns = [Turn(roles[m["role"]], m["content"]) for m in prompt["messages"]]  # type: ignore[arg-type]
-    return TrajectoryRecord(turns=(*turns, Turn("gpt", completion)), metadata=prompt.get("metadata") or {})
-
-
 class DatasetOnlineEnv(BaseEnv):
     """A trajectory dataset's prompts, answered by the policy, scored by named rewards."""
 
@@ -141,7 +136,8 @@ class DatasetOnlineEnv(BaseEnv):
         return self.prompts[order[index]]
 
     def score(self, prompt: dict[str, Any], completion: str) -> float:
-        return score_record(as_record(prompt, completion), self.rewards).reward
+        record = record_with_completion(prompt["messages"], completion, prompt.get("metadata"))
+        return score_record(record, self.rewards).reward
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
         messages = item["messages"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from trajectories.records import TrajectoryRecord
+from trajectories.records import TrajectoryRecord, Turn
 
 PROMPT_MASK = -100  # Atropos's mask value for a position that is not trained
 CHAT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
@@ -35,6 +35,15 @@ def prompt_messages(record: TrajectoryRecord) -> list[dict[str, str]]:
             break
         messages.append(message)
     return messages
+
+
+def record_with_completion(
+    messages: Sequence[dict[str, str]], completion: str, metadata: dict[str, Any] | None = None
+) -> TrajectoryRecord:
+    """A prompt's chat messages plus a policy's completion as the last assistant turn: what rewards score."""
+    roles = {chat: sharegpt for sharegpt, chat in CHAT_ROLES.items()}
+    turns = [Turn(roles[m["role"]], m["content"]) for m in messages]  # type: ignore[arg-type]
+    return TrajectoryRecord(turns=(*turns, Turn("gpt", completion)), metadata=dict(metadata or {}))
 
 
 def has_assistant_turn(record: TrajectoryRecord) -> bool:

@@ -249,10 +249,10 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
         return done
     parent, params = job.parent(), handle.params
     answer_field = params.get("answer_field", "answer")
-    scorers = _environment_scorers(ctx, params["rewards"], answer_field)
+    scorers = environment_scorers(ctx, params["rewards"], answer_field)
     try:
         rewards = build_rewards(params["rewards"], scorers)
-        rewards = [_with_answer_field(reward, answer_field) for reward in rewards]
+        rewards = [with_answer_field(reward, answer_field) for reward in rewards]
         parent_stats = dataset_stats(ctx, parent.id).stats
         builder = job.builder(load_counter(ctx.settings, "approx"), stats=parent_stats)
         missing = {"answer_missing": 0}
@@ -274,7 +274,7 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
     return job.finish(builder, parent, report)
 
 
-def _environment_scorers(
+def environment_scorers(
     ctx: AppContext, spec: list[dict[str, Any]], answer_field: str
 ) -> dict[str, env_scorer.ChildScorer]:
     scorers: dict[str, env_scorer.ChildScorer] = {}
@@ -291,7 +291,7 @@ def _environment_scorers(
     return scorers
 
 
-def _with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedReward:
+def with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedReward:
     if isinstance(reward.function, CorrectnessReward):
         return WeightedReward(CorrectnessReward(answer_key=answer_field), reward.weight)
     return reward
