@@ -10,6 +10,8 @@ from typing import Any
 from service.context import AppContext
 from service.environments import service as environments
 from service.errors import RateLimited, ValidationFailed
+from service.evaluations import service as evaluations
+from service.evaluations.schemas import EvaluationOut, EvaluationRequest
 from service.runs import service as runs
 from service.runs.datasets import DATASET_ENVIRONMENTS
 from service.runs.lifecycle import RunStatus
@@ -23,6 +25,7 @@ from service.tools.schemas import (
     EditedResult,
     EnvironmentBrief,
     EnvironmentsResult,
+    EvaluationArgs,
     ListRunsArgs,
     LockedField,
     RateLimitedResult,
@@ -133,6 +136,14 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
         f"Check it with rl_check_status({run.id!r}) in about {interval}. "
         + status_rule(ctx.settings.status_check_interval_s),
     )
+
+
+def evaluate(ctx: AppContext, _state: SessionState, args: EvaluationRequest) -> EvaluationOut:
+    return evaluations.start_evaluation(ctx, args)
+
+
+def get_evaluation(ctx: AppContext, _state: SessionState, args: EvaluationArgs) -> EvaluationOut:
+    return evaluations.get_evaluation(ctx, args.evaluation_id)
 
 
 def check_status(ctx: AppContext, _state: SessionState, args: RunArgs) -> StatusResult | RateLimitedResult:
@@ -273,6 +284,25 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         RunArgs,
         ResultsResult,
         get_results,
+        Hints(read_only=True, idempotent=True),
+    ),
+    Tool(
+        "rl_evaluate",
+        "Evaluate a run: sample its base model and checkpoints (default: the newest) on the same held-out prompts, "
+        "score them with the same rewards and compare (mean reward, difference to the base with a 95 % bootstrap "
+        "interval, win rate per prompt). A job: poll rl_get_evaluation.",
+        EvaluationRequest,
+        EvaluationOut,
+        evaluate,
+        Hints(open_world=False),
+    ),
+    Tool(
+        "rl_get_evaluation",
+        "Get an evaluation: its progress, then each model's mean reward, difference to the base with its 95 % "
+        "interval, win rate, and the per-prompt results.",
+        EvaluationArgs,
+        EvaluationOut,
+        get_evaluation,
         Hints(read_only=True, idempotent=True),
     ),
     Tool(

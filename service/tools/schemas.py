@@ -73,6 +73,10 @@ class StartTrainingArgs(ToolArguments):
     )
 
 
+class EvaluationArgs(ToolArguments):
+    evaluation_id: str = Field(description="The id rl_evaluate returned.")
+
+
 class RunArgs(ToolArguments):
     run_id: str = Field(description=RUN_ID)
 
