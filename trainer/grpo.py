@@ -135,7 +135,8 @@ def step_metrics(
         "reward/std": _std(batch.rewards),
         "logprobs/mean": _mean(sampler),
         "logprobs/mean_training": _mean(training),
-        "logprobs/diff": _mean([t - s for t, s in zip(training, sampler, strict=True)]) if training else 0.0,
+        # reference (sampler) − training, the sign the seed pipeline and tinker-atropos log
+        "logprobs/diff": _mean([s - t for t, s in zip(training, sampler, strict=True)]) if training else 0.0,
         "advantages/mean": _mean(batch.trained_advantages),
         "advantages/std": _std(batch.trained_advantages),
         "batch/sequences": float(batch.num_sequences),
