@@ -34,6 +34,7 @@ def _datasets_benchmark() -> Any:
     spec = importlib.util.spec_from_file_location("benchmark_datasets", Path(__file__).with_name("datasets.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
