@@ -9,7 +9,7 @@ own `process` mode). Printed: the wall time of each run (job start to end), per-
 sequential / concurrent. `--added-latency-s` puts a loopback front server before the inference server that
 delays every request, as a remote endpoint's round trip would (the tiny model itself answers in milliseconds,
 so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the tiny model
-is built locally, GSM8K is read from the shared data directory.
+is built locally, GSM8K problems come from the excerpt in tests/data/.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from service.db import migrate  # noqa: E402
 from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
 from service.jobs.runner import JobRunner  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from tests.conftest import SHARED_DATA  # noqa: E402
+from tests.conftest import TEST_DATA  # noqa: E402
 from tests.support.endpoints import fault_endpoint, tiny_model_endpoint  # noqa: E402
 from trainer.tiny_model import init_tiny_model  # noqa: E402
 
@@ -42,7 +42,7 @@ def run_once(root: Path, label: str, concurrency: int, endpoint: str, model_dir:
         _env_file=None,
         data_dir=data_dir,
         tokenizer_name=str(model_dir),
-        gsm8k_path=SHARED_DATA / "gsm8k",
+        gsm8k_path=TEST_DATA / "gsm8k",
         inference_test_concurrency=concurrency,
     )
     ctx = build_context(settings)

@@ -16,16 +16,8 @@ from tests.support.live import LiveService, live_service
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _shared_data() -> Path:
-    """`../shared/data` beside the checkout (or RLCTL_SHARED_DATA); read there, never copied into the repo."""
-    candidates = [os.environ.get("RLCTL_SHARED_DATA"), REPO_ROOT.parent / "shared" / "data", "/work/shared/data"]
-    for candidate in filter(None, candidates):
-        if Path(candidate, "gsm8k").is_dir():
-            return Path(candidate).resolve()
-    raise RuntimeError("the shared data directory (../shared/data) is missing; set RLCTL_SHARED_DATA")
-
-
-SHARED_DATA = _shared_data()
+# Small licensed excerpts of public data (tests/data/SOURCES.md); nothing outside the clone is read.
+TEST_DATA = REPO_ROOT / "tests" / "data"
 
 # Secrets of the developer's shell must not leak into tests (nor tests depend on them).
 for _name in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN"):
@@ -42,7 +34,7 @@ def build_settings(data_dir: Path, database_url: str, **overrides: Any) -> Setti
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "database_url": database_url,
-        "gsm8k_path": SHARED_DATA / "gsm8k",
+        "gsm8k_path": TEST_DATA / "gsm8k",
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)

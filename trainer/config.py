@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from trainer.defaults import LOCAL_DEFAULTS, TINKER_DEFAULTS
+from trainer.defaults import LOCAL_DEFAULTS, LOSS_FUNCTIONS, PPO_CLIP_HIGH, PPO_CLIP_LOW, TINKER_DEFAULTS
+from trainer.grpo import PolicyLoss
 
 BACKENDS = ("local", "tinker")
 TINKER_PROTOCOLS = ("auto", "current", "legacy")  # see trainer/backends/tinker_protocol.py
@@ -27,6 +28,9 @@ class TrainerConfig:
     tokenizer_name: str | None
     lora_rank: int
     learning_rate: float
+    loss_fn: str
+    clip_low_threshold: float
+    clip_high_threshold: float
     total_steps: int
     batch_size: int
     group_size: int
@@ -45,6 +49,10 @@ class TrainerConfig:
     waiting_report_interval_s: float
     batch_poll_interval_s: float
     normalize_advantages: bool = False  # divide each group's advantages by its reward std (dataset runs may ask)
+
+    @property
+    def loss(self) -> PolicyLoss:
+        return PolicyLoss(self.loss_fn, self.clip_low_threshold, self.clip_high_threshold)
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -95,6 +103,9 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         tokenizer_name=_typed(env, "tokenizer_name", str, None, where="env"),
         lora_rank=_typed(tinker, "lora_rank", int, defaults["lora_rank"]),
         learning_rate=_typed(tinker, "learning_rate", float, defaults["learning_rate"]),
+        loss_fn=_typed(tinker, "loss_fn", str, defaults["loss_fn"]),
+        clip_low_threshold=_typed(tinker, "clip_low_threshold", float, PPO_CLIP_LOW),
+        clip_high_threshold=_typed(tinker, "clip_high_threshold", float, PPO_CLIP_HIGH),
         total_steps=_typed(tinker, "total_steps", int, defaults["total_steps"]),
         batch_size=_typed(tinker, "batch_size", int, defaults["batch_size"]),
         group_size=_typed(tinker, "group_size", int, defaults["group_size"]),
@@ -118,6 +129,10 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         _positive(name, getattr(config, name))
     for name in ("max_token_trainer_length", "save_checkpoint_interval", "waiting_report_interval_s"):
         _positive(name, getattr(config, name))
+    if config.loss_fn not in LOSS_FUNCTIONS:
+        raise ConfigError(f"tinker.loss_fn must be one of {LOSS_FUNCTIONS}, got {config.loss_fn!r}")
+    if not 0 < config.clip_low_threshold <= 1 <= config.clip_high_threshold:
+        raise ConfigError("tinker.clip_low_threshold and clip_high_threshold must bound 1: 0 < low <= 1 <= high")
     return config
 
 

@@ -24,6 +24,7 @@ class BackendDefaults(TypedDict):
     max_token_trainer_length: int
     save_checkpoint_interval: int
     steps_per_eval: int
+    loss_fn: str  # a LOSS_FUNCTIONS name (docs/TRAINER.md#grpo-step)
 
 
 TINKER_BASE_MODEL = "Qwen/Qwen3-8B"
@@ -38,6 +39,7 @@ TINKER_DEFAULTS: BackendDefaults = {
     "max_token_trainer_length": 9000,
     "save_checkpoint_interval": 25,
     "steps_per_eval": 25,
+    "loss_fn": "importance_sampling",
 }
 
 LOCAL_DEFAULTS: BackendDefaults = {
@@ -51,7 +53,15 @@ LOCAL_DEFAULTS: BackendDefaults = {
     "max_token_trainer_length": 1024,
     "save_checkpoint_interval": 20,
     "steps_per_eval": 1000,
+    # The high learning rate that makes the tiny model learn in minutes also overshoots: without a clipped
+    # ratio about one run in 25 collapsed to a policy whose every reply scored 0 (docs/TRAINER.md#grpo-step).
+    "loss_fn": "ppo",
 }
+
+# The losses both backends compute, by Tinker's names, and the PPO ratio bounds (Tinker's defaults).
+LOSS_FUNCTIONS = ("importance_sampling", "ppo")
+PPO_CLIP_LOW = 0.8
+PPO_CLIP_HIGH = 1.2
 
 # Tinker's Adam settings (docs/TRAINER.md#grpo-step); the local backend uses the same.
 ADAM_BETA1 = 0.9

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.defaults import PPO_CLIP_HIGH, PPO_CLIP_LOW
 from trajectories.grpo import group_advantages
 
 PROMPT_MASK = -100
@@ -46,6 +47,38 @@ class PreparedBatch:
     @property
     def num_sequences(self) -> int:
         return len(self.rewards)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The per-token loss of a step (docs/TRAINER.md#grpo-step), by Tinker's names: `importance_sampling` weighs
+    the advantage by the ratio of current to sampler probability; `ppo` clips that ratio to [clip_low, clip_high]
+    and takes the smaller objective, so a token the policy already moved far from its sampler pushes no further."""
+
+    name: str = "importance_sampling"
+    clip_low: float = PPO_CLIP_LOW
+    clip_high: float = PPO_CLIP_HIGH
+
+    def token_loss(self, logprob: float, sampler_logprob: float, advantage: float) -> float:
+        ratio = math.exp(logprob - sampler_logprob)
+        if self.name == "ppo":
+            clipped = min(max(ratio, self.clip_low), self.clip_high)
+            return -min(ratio * advantage, clipped * advantage)
+        return -ratio * advantage
+
+    def tinker_config(self) -> dict[str, float] | None:
+        """Tinker's `loss_fn_config` for this loss."""
+        if self.name != "ppo":
+            return None
+        return {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+
+    def summed(self, data: Sequence[TrainingDatum], logprobs: Sequence[Sequence[float]]) -> float:
+        """The loss summed over every target token of every datum."""
+        return sum(
+            self.token_loss(current, sampled, advantage)
+            for datum, row in zip(data, logprobs, strict=True)
+            for current, sampled, advantage in zip(row, datum.sampler_logprobs or [], datum.advantages, strict=True)
+        )
 
 
 def build_datum(

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.datasets.realdata import EXPECTED_FILES, import_file, shared_data_dir
+from tests.conftest import TEST_DATA
+from tests.datasets.realdata import EXPECTED_FILES, import_file
 from trajectories.importing import ImportedRecord
 from trajectories.reading import ItemError
 from trajectories.records import TrajectoryRecord
@@ -15,10 +16,7 @@ from trajectories.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter
 
 @pytest.fixture(scope="session")
 def trajectories_dir() -> Path:
-    path = shared_data_dir() / "trajectories"
-    if not path.is_dir():
-        pytest.fail(f"real trajectory data not found at {path}; set RLCTL_SHARED_DATA to the shared data directory")
-    return path
+    return TEST_DATA / "trajectories"
 
 
 @pytest.fixture(scope="session")

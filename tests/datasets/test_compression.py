@@ -107,7 +107,7 @@ def test_every_real_record_keeps_the_invariants_under_a_tight_budget(all_real_re
         stats.add(compress(record, config).metrics)
     summary = stats.as_dict()
     assert summary["records"] == len(all_real_records)
-    assert summary["compressed"] > 100 and summary["tokens_saved"] > 0
+    assert summary["compressed"] >= 15 and summary["tokens_saved"] > 0  # 20 of the 56 excerpt records are over
     assert summary["summarization_errors"] == 0
     assert summary["compressed"] + sum(summary["skipped"].values()) == summary["records"]
 
@@ -115,18 +115,18 @@ def test_every_real_record_keeps_the_invariants_under_a_tight_budget(all_real_re
 def test_real_long_records_fit_the_default_budget_with_a_real_tokenizer(all_real_records, hf_counter) -> None:
     config = CompressionConfig()
     long_records = [(n, r) for n, r in all_real_records if sum(turn_token_counts(r.turns, COUNTER)) > 14_000]
-    assert len(long_records) >= 10
+    assert len(long_records) >= 6
     compressed = 0
     for name, record in long_records:
         result = compress(record, config, hf_counter)
         compressed += result.metrics.was_compressed
         if result.metrics.was_compressed and not result.metrics.still_over_limit:
             assert result.metrics.compressed_tokens <= config.target_max_tokens, name
-    assert compressed >= 8
+    assert compressed >= len(long_records) - 2
 
 
 def test_the_longest_openhands_run_is_brought_under_budget(real_records) -> None:
-    record = real_records["openhands-multi-swe-bench-output.jsonl"][2]  # ponyc-4588, 103 events
+    record = real_records["openhands-multi-swe-bench-output.jsonl"][1]  # ponyc-4588, 103 events
     result = compress(record, CompressionConfig())
     assert result.metrics.was_compressed and not result.metrics.still_over_limit
     assert result.metrics.original_tokens > 30_000
@@ -193,7 +193,7 @@ def test_a_summary_that_would_not_save_tokens_is_discarded() -> None:
 
 
 def test_only_as_much_as_needed_is_summarised(real_records) -> None:
-    record = real_records["nemo-gym-anyterminal-hermes-rollouts.jsonl"][4]  # 90 tool calls
+    record = real_records["nemo-gym-anyterminal-hermes-rollouts.jsonl"][1]  # 90 tool calls
     total = sum(turn_token_counts(record.turns, COUNTER))
     slightly = compress(record, CompressionConfig(target_max_tokens=total - 2000, summary_target_tokens=200))
     heavily = compress(record, CompressionConfig(target_max_tokens=total // 4, summary_target_tokens=200))

@@ -30,7 +30,7 @@ def test_hallucinated_tool_names_against_the_allowed_or_declared_list() -> None:
 
 def test_real_records_call_only_the_tools_their_sources_declare(all_real_records) -> None:
     judged = [record for _, record in all_real_records if record.declared_tools is not None]
-    assert len(judged) > 250
+    assert len(judged) > 20
     assert not [record for record in judged if hallucinated_tool_names(record)]
     tau = next(record for name, record in all_real_records if name.startswith("tau-bench"))
     assert hallucinated_tool_names(tau, allowed={"calculate"}) >= {"get_user_details"}
@@ -39,11 +39,7 @@ def test_real_records_call_only_the_tools_their_sources_declare(all_real_records
 def test_reasoning_and_completion_predicates_on_real_data(real_records) -> None:
     assert not any(lacks_reasoning(r) for r in real_records["llamafactory-reason-tool-use-demo-50.jsonl"])
     assert all(lacks_reasoning(r) for r in real_records["tau-bench-gpt-4o-airline.json"])
-    assert [is_incomplete(r) for r in real_records["openhands-multi-swe-bench-output.jsonl"]] == [
-        False,
-        False,
-        True,
-    ]
+    assert [is_incomplete(r) for r in real_records["openhands-multi-swe-bench-output.jsonl"]] == [False, True]
 
 
 def test_drop_reasons_and_report(real_records, approx_counter) -> None:
@@ -55,7 +51,7 @@ def test_drop_reasons_and_report(real_records, approx_counter) -> None:
         assert ("too_long" in reasons) == (tokens > 20_000)
         assert "no_reasoning" in reasons
         report.add(reasons)
-    assert report.as_dict()["dropped"] == 3 and report.as_dict()["reasons"]["no_reasoning"] == 3
+    assert report.as_dict()["dropped"] == 2 and report.as_dict()["reasons"]["no_reasoning"] == 2
     assert report.as_dict()["reasons"]["incomplete"] == 1
     keep_all = FilterCriteria()
     assert drop_reasons(real_records["tau-bench-gpt-4o-airline.json"][0], keep_all) == []

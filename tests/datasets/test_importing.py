@@ -53,7 +53,7 @@ def test_tau_bench_keeps_task_reward_and_reused_call_ids(real_records) -> None:
     first = records[0]
     assert {"task_id", "reward", "info", "trial"} <= first.metadata.keys() and "traj" not in first.metadata
     tool_turns = [t for r in records for t in r.turns if t.role == "tool"]
-    assert len(tool_turns) == 1132  # SOURCES.md: 1,132 tool messages in total
+    assert len(tool_turns) == 45  # SOURCES.md: 45 tool messages in the excerpt
     # The agent reused call_HGn16KZh9oNCruxsMJ4gYXan for two different tools; each result names its own call.
     reused = [t.name for t in first.turns if t.tool_call_id == "call_HGn16KZh9oNCruxsMJ4gYXan"]
     assert reused == ["search_direct_flight", "search_onestop_flight"]
@@ -106,7 +106,7 @@ def test_openhands_events_become_one_turn_per_completion_with_outcomes(real_reco
     assert [t.role for t in first.turns[:4]] == ["system", "human", "gpt", "tool"]
     assert first.turns[3].success is True and first.turns[3].name == "execute_bash"
     assert any(t.success is False for t in first.turns)  # failed commands keep OpenHands' own verdict
-    assert [r.completed for r in records] == [True, True, False]  # the last hit the iteration limit
+    assert [r.completed for r in records] == [True, False]  # the last hit the iteration limit
     # An error observation without a tool call is what the model saw as a user message.
     assert any(t.role == "human" and "Parameter 'command'" in t.value for t in records[1].turns)
 
@@ -125,7 +125,7 @@ def test_llamafactory_sharegpt_roles_become_tagged_calls_and_results(real_record
 def test_llamafactory_v1_reasoning_parts_become_think_blocks(real_records) -> None:
     records = real_records["llamafactory-reason-tool-use-demo-50.jsonl"]
     assert all(any(t.value.startswith("<think>") for t in r.turns if t.role == "gpt") for r in records)
-    assert sum(len(t.tool_calls) for r in records for t in r.turns) == 68
+    assert sum(len(t.tool_calls) for r in records for t in r.turns) == 12  # counted in the raw excerpt
 
 
 def test_hermes_sharegpt_declares_tools_from_its_system_prompt(real_records) -> None:

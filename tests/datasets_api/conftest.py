@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import TEST_DATA
 from tests.support.waiting import wait_until
 
-TRAJECTORIES = SHARED_DATA / "trajectories"
+TRAJECTORIES = TEST_DATA / "trajectories"
 
 
 @pytest.fixture(scope="session")

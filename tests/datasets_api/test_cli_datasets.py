@@ -21,7 +21,7 @@ def test_upload_list_compress_score_and_export(
         uploaded = rlctl(live.base_url, "datasets", "upload", str(source), "--name", "cli", "--json", token=TOKEN)
         assert uploaded.returncode == 0, uploaded.stderr
         dataset = json.loads(uploaded.stdout)
-        assert dataset["record_count"] == 5 and dataset["name"] == "cli"
+        assert dataset["record_count"] == 2 and dataset["name"] == "cli"
 
         listed = rlctl(live.base_url, "datasets", "list", token=TOKEN)
         assert listed.returncode == 0 and dataset["id"] in listed.stdout
@@ -30,7 +30,7 @@ def test_upload_list_compress_score_and_export(
         compressed = rlctl(live.base_url, "datasets", "compress", dataset["id"], *compress, token=TOKEN)
         assert compressed.returncode == 0, compressed.stderr
         job = json.loads(compressed.stdout)
-        assert job["status"] == "succeeded" and job["result"]["report"]["compressed"] == 5
+        assert job["status"] == "succeeded" and job["result"]["report"]["compressed"] == 2
 
         rewards = 'rewards=[{"name": "format"}, {"name": "correctness"}]'
         scored = rlctl(

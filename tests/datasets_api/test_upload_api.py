@@ -76,11 +76,11 @@ def test_pages_and_exports_round_trip(service: LiveService, trajectories: Path) 
         dataset = upload(client, trajectories / TAU).json()
         pages, offset = [], 0
         while offset is not None:
-            page = client.get(f"/datasets/{dataset['id']}/records", params={"offset": offset, "limit": 50}).json()
-            assert page["total"] == 192
+            page = client.get(f"/datasets/{dataset['id']}/records", params={"offset": offset, "limit": 4}).json()
+            assert page["total"] == 11
             pages.extend(page["records"])
             offset = page["next_offset"]
-        assert len(pages) == 192
+        assert len(pages) == 11
         assert {"task_id", "reward", "trial"} <= pages[0]["metadata"].keys()  # other keys kept as metadata
         exported = client.get(f"/datasets/{dataset['id']}/export")
         assert exported.headers["content-type"].startswith("application/x-ndjson")
@@ -88,12 +88,12 @@ def test_pages_and_exports_round_trip(service: LiveService, trajectories: Path) 
         assert [json.loads(line) for line in lines] == pages
 
         again = client.post("/datasets", params={"name": "again"}, content=exported.content).json()
-        assert again["record_count"] == 192
+        assert again["record_count"] == 11
         assert client.get(f"/datasets/{again['id']}/export").content == exported.content
 
         sharegpt = client.get(f"/datasets/{dataset['id']}/export", params={"format": "sharegpt"})
         plain = [json.loads(line) for line in sharegpt.text.splitlines()]
-        assert len(plain) == 192
+        assert len(plain) == 11
         assert all(set(turn) == {"from", "value"} for line in plain for turn in line["conversations"])
         assert plain[5]["task_id"] == pages[5]["metadata"]["task_id"]
 
@@ -103,16 +103,17 @@ def test_pages_and_exports_round_trip(service: LiveService, trajectories: Path) 
 
 def test_multipart_and_single_line_json_documents(service: LiveService, trajectories: Path, tmp_path: Path) -> None:
     minified = tmp_path / "tau.json"
-    minified.write_text(json.dumps(json.loads((trajectories / TAU).read_text())), encoding="utf-8")
+    records = json.loads((trajectories / TAU).read_text()) * 16  # over 2 MiB on one line
+    minified.write_text(json.dumps(records), encoding="utf-8")
     assert minified.stat().st_size > 2 << 20 and minified.read_text().count("\n") == 0  # read in several chunks
     with service.client() as client:
         from_file = client.post(
             "/datasets", params={"name": "form"}, files={"file": ("x.traj", (trajectories / TAU).read_bytes())}
         )
-        assert from_file.status_code == 201 and from_file.json()["record_count"] == 192
+        assert from_file.status_code == 201 and from_file.json()["record_count"] == 11
         one_line = upload(client, minified, name="minified")
         assert one_line.status_code == 201, one_line.text
-        assert one_line.json()["record_count"] == 192
+        assert one_line.json()["record_count"] == len(records)
         no_file = client.post("/datasets", params={"name": "form"}, files={"other": ("x", b"{}")})
         assert no_file.status_code == 422
 
@@ -173,19 +174,21 @@ def test_path_like_names_and_ids_are_refused(service: LiveService) -> None:
 
 
 def test_upload_limit_is_separate_from_the_json_limit(
-    make_settings: Callable[..., Settings], trajectories: Path
+    make_settings: Callable[..., Settings], trajectories: Path, tmp_path: Path
 ) -> None:
     settings = make_settings(max_body_bytes=64 << 10, dataset_upload_max_bytes=2 << 20)
-    large = trajectories / "nemo-gym-conversational-tool-use-rollouts.jsonl"  # 1.2 MB: over the JSON limit
-    assert (64 << 10) < large.stat().st_size < (2 << 20) < (trajectories / TAU).stat().st_size
+    large = trajectories / "nemo-gym-conversational-tool-use-rollouts.jsonl"  # 125 KB: over the JSON limit
+    oversized = tmp_path / "oversized.jsonl"  # the same records, repeated past the upload limit
+    oversized.write_bytes(large.read_bytes() * 20)
+    assert (64 << 10) < large.stat().st_size < (2 << 20) < oversized.stat().st_size
     with live_service(settings) as live, live.client() as client:
         accepted = upload(client, large)
         assert accepted.status_code == 201, accepted.text
-        too_large = upload(client, trajectories / TAU)
+        too_large = upload(client, oversized)
         assert too_large.status_code == 413 and too_large.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
 
         def chunked() -> Iterator[bytes]:  # no Content-Length: the limit counts what arrives
-            data = (trajectories / TAU).read_bytes()
+            data = oversized.read_bytes()
             for start in range(0, len(data), 1 << 16):
                 yield data[start : start + (1 << 16)]
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from service.db.models import Job
 from service.settings import Settings
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, TEST_DATA
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.support.live import live_service
 from tests.support.waiting import wait_until
@@ -114,7 +114,7 @@ def test_two_models_complete_and_an_unknown_one_fails_alone(
     module = load_environment(environment)
     gold = {}
     if environment == "gsm8k":
-        rows = [json.loads(line) for line in (SHARED_DATA / "gsm8k" / "train.jsonl").open()]
+        rows = [json.loads(line) for line in (TEST_DATA / "gsm8k" / "train.jsonl").open()]
         gold = {row["question"]: module.gold_answer(row["answer"]) for row in rows}
     for model in models:
         stem = f"test_{environment}_{model.replace('/', '_')}"

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import SHARED_DATA, build_settings
+from tests.conftest import TEST_DATA, build_settings
 from tests.support.databases import database_kinds, fresh_database
 from tests.support.live import LiveService, live_service
 from tests.support.reaper import stop_run_processes
@@ -64,7 +64,7 @@ def service_environment(data_dir: Path, database_url: str, **extra: str) -> dict
         {
             "RLCTL_DATA_DIR": str(data_dir),
             "RLCTL_DATABASE_URL": database_url,
-            "RLCTL_GSM8K_PATH": str(SHARED_DATA / "gsm8k"),
+            "RLCTL_GSM8K_PATH": str(TEST_DATA / "gsm8k"),
             **{f"RLCTL_{k.upper()}": str(v) for k, v in FAST_LOCAL.items()},
             **extra,
         }

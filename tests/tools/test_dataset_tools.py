@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from service.settings import Settings
-from tests.conftest import SHARED_DATA
+from tests.conftest import TEST_DATA
 from tests.support.endpoints import tiny_model_endpoint
 from tests.support.live import live_service
 from tests.support.waiting import wait_until
@@ -43,7 +43,7 @@ def finished_job(client: httpx.Client, job_id: str) -> dict:
 
 
 def test_upload_compress_score_and_export_by_tools(make_settings: Callable[..., Settings]) -> None:
-    content = (SHARED_DATA / "trajectories" / "nemo-gym-xlam-fc-rollouts.jsonl").read_text()
+    content = (TEST_DATA / "trajectories" / "nemo-gym-xlam-fc-rollouts.jsonl").read_text()
     with live_service(make_settings()) as live, live.client() as client:
         uploaded = call(client, "rl_upload_dataset", name="xlam", content=content)
         assert uploaded["record_count"] == 5

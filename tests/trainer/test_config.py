@@ -30,6 +30,7 @@ def test_local_backend_fills_absent_keys_with_its_locked_defaults() -> None:
     assert config.rollout_server_url == "http://127.0.0.1:8000"
     assert config.tokenizer_name == "/models/tiny"
     assert config.run_dir == Path("/tmp/run-1")
+    assert config.loss.name == "ppo" and (config.loss.clip_low, config.loss.clip_high) == (0.8, 1.2)
 
 
 def test_tinker_backend_uses_the_operator_defaults() -> None:
@@ -38,6 +39,9 @@ def test_tinker_backend_uses_the_operator_defaults() -> None:
     assert config.learning_rate == 1.0  # an int where a float is expected is fine
     assert config.protocol == "auto"  # detected from the server
     assert parse_config(document(backend="tinker", protocol="legacy")).protocol == "legacy"
+    assert config.loss.name == "importance_sampling" and config.loss.tinker_config() is None
+    clipped = parse_config(document(backend="tinker", loss_fn="ppo", clip_low_threshold=0.9, clip_high_threshold=1.1))
+    assert clipped.loss.tinker_config() == {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
 
 
 @pytest.mark.parametrize(
@@ -48,6 +52,9 @@ def test_tinker_backend_uses_the_operator_defaults() -> None:
         ({"total_steps": "ten"}, "tinker.total_steps must be int"),
         ({"total_steps": 0}, "must be positive"),
         ({"inference_port": None}, "missing required key tinker.inference_port"),
+        ({"loss_fn": "dro"}, "tinker.loss_fn must be one of"),
+        ({"clip_low_threshold": 1.1}, "must bound 1"),
+        ({"clip_high_threshold": 0.5}, "must bound 1"),
     ],
 )
 def test_bad_values_are_reported_by_key(change: dict, message: str) -> None:

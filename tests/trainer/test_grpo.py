@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from trainer.grpo import PROMPT_MASK, build_datum, prepare_batch, step_metrics
+from trainer.grpo import PROMPT_MASK, PolicyLoss, build_datum, prepare_batch, step_metrics
 from trajectories.grpo import group_advantages
 
 
@@ -96,3 +96,31 @@ def test_advantages_are_normalised_only_when_asked() -> None:
     assert plain.trained_advantages == [0.75, -0.25, -0.25, -0.25]
     std = statistics.pstdev([1.0, 0.0, 0.0, 0.0])
     assert normalised.trained_advantages == pytest.approx([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std])
+
+
+def test_importance_sampling_weighs_the_advantage_by_the_unclipped_ratio() -> None:
+    loss = PolicyLoss("importance_sampling")
+    assert loss.token_loss(math.log(3.0), 0.0, 0.5) == pytest.approx(-1.5)
+    assert loss.token_loss(0.0, 0.0, -2.0) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "advantage", "expected"),
+    [
+        (1.0, 1.0, -1.0),  # on policy: the same as importance sampling
+        (3.0, 1.0, -1.2),  # already much likelier than sampled: no further push (clipped, constant)
+        (0.1, 1.0, -0.1),  # much less likely than sampled: the ratio stays, so the gradient restores it
+        (0.1, -1.0, 0.8),  # a bad token already rarer: clipped, no further push
+        (3.0, -1.0, 3.0),  # a bad token now likelier: the whole ratio, pushed down hard
+    ],
+)
+def test_ppo_clips_the_ratio_and_takes_the_smaller_objective(ratio: float, advantage: float, expected: float) -> None:
+    assert PolicyLoss("ppo").token_loss(math.log(ratio), 0.0, advantage) == pytest.approx(expected)
+
+
+def test_summed_loss_covers_every_target_token() -> None:
+    datum = build_datum([1, 2, 3, 4], [PROMPT_MASK, PROMPT_MASK, 3, 4], 1.0, [0.0, 0.0, -1.0, -1.0], 16)
+    assert datum is not None
+    current = [[0.0, -1.0 + math.log(2.0), -1.0]]  # ratios 1 (prompt, advantage 0), 2 and 1
+    assert PolicyLoss("importance_sampling").summed([datum], current) == pytest.approx(-3.0)
+    assert PolicyLoss("ppo").summed([datum], current) == pytest.approx(-2.2)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import TEST_DATA
 from tests.support.live import free_port
 from tests.trainer.pipeline import (
     REPO_ROOT,
@@ -27,7 +27,7 @@ from tests.trainer.pipeline import (
 )
 
 GSM8K_ENV = REPO_ROOT / "environments" / "gsm8k.py"
-GSM8K_DATA = SHARED_DATA / "gsm8k"  # read there, never copied
+GSM8K_DATA = TEST_DATA / "gsm8k"  # the excerpt (tests/data/SOURCES.md)
 
 
 def test_gsm8k_rollouts_flow_and_the_trainer_reports_waiting(tiny_model_dir: Path, tmp_path: Path) -> None:

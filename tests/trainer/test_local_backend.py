@@ -1,5 +1,6 @@
 """The local backend on the tiny model: sampling and training agree, the loss is the importance-sampling
-loss, Adam moves the policy the way the advantages say, and checkpoints restore exactly."""
+loss with the ratio clipped (PPO), Adam moves the policy the way the advantages say, and checkpoints restore
+exactly."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 from trainer.backends.base import SamplingRequest
 from trainer.backends.local import LocalBackend
 from trainer.config import TrainerConfig, parse_config
-from trainer.grpo import build_datum
+from trainer.grpo import TrainingDatum, build_datum
 
 
-def make_config(tiny_model_dir: Path, run_dir: Path) -> TrainerConfig:
+def make_config(tiny_model_dir: Path, run_dir: Path, **tinker: object) -> TrainerConfig:
     return parse_config(
         {
             "env": {"rollout_server_url": "http://127.0.0.1:1"},
@@ -24,6 +25,7 @@ def make_config(tiny_model_dir: Path, run_dir: Path) -> TrainerConfig:
                 "run_dir": str(run_dir),
                 "inference_port": 1,
                 "device": "cpu",
+                **tinker,
             },
         }
     )
@@ -92,6 +94,35 @@ def test_loss_is_importance_sampling_and_adam_follows_the_advantages(backend: Lo
     backend.optim_step(0.05)
     after = completion_mean(backend.compute_logprobs(data), data)
     assert (after - before) * advantage > 0.05
+
+
+def stale(data: list[TrainingDatum], gap: float) -> list[TrainingDatum]:
+    """The same datums as if sampled by weights that found each completion token `gap` nats less likely."""
+    return [
+        d.with_sampler_logprobs(
+            [v - gap if t else v for v, t in zip(d.sampler_logprobs, d.completion_mask, strict=True)]
+        )
+        for d in data
+    ]
+
+
+def test_ppo_stops_pushing_tokens_already_far_likelier_than_sampled(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The local default: a ratio above clip_high with a positive advantage gives no gradient (no overshoot)."""
+    clipped = LocalBackend(make_config(tiny_model_dir, tmp_path / "ppo"))
+    assert clipped._config.loss.name == "ppo"
+    _, data = datums_for(clipped, prompt_tokens(clipped), advantage=1.0)
+    data = stale(data, gap=2.0)  # ratio e² ≈ 7.4 on every completion token
+    result = clipped.forward_backward(data)
+    assert result.loss_sum == pytest.approx(-1.2 * sum(sum(d.advantages) for d in data), abs=1e-4)
+    before = clipped.compute_logprobs(data)
+    clipped.optim_step(0.05)
+    assert clipped.compute_logprobs(data) == before
+
+    unclipped = LocalBackend(make_config(tiny_model_dir, tmp_path / "is", loss_fn="importance_sampling"))
+    unclipped.forward_backward(data)
+    start = completion_mean(unclipped.compute_logprobs(data), data)
+    unclipped.optim_step(0.05)
+    assert completion_mean(unclipped.compute_logprobs(data), data) > start + 0.05
 
 
 def test_publishing_is_in_process_and_sampling_sees_the_new_weights(backend: LocalBackend) -> None:

@@ -152,14 +152,21 @@ class LocalBackend(TrainingBackend):
                 logprobs, mask = self._target_logprobs(data, indices)
                 sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
-                ratio = torch.exp(logprobs - sampler)
-                loss = -(ratio * advantages * mask).sum()
+                loss = -(self._objective(logprobs, sampler, advantages) * mask).sum()
                 loss.backward()
                 loss_sum += float(loss.detach())
                 detached = logprobs.detach()
                 for row, index in enumerate(indices):
                     result[index] = detached[row, : len(data[index].target_tokens)].tolist()
         return ForwardBackwardResult(loss_sum=loss_sum, logprobs=result)
+
+    def _objective(self, logprobs: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+        """Per-token objective of the configured loss (trainer.grpo.PolicyLoss gives the same per token)."""
+        ratio = torch.exp(logprobs - sampler)
+        loss = self._config.loss
+        if loss.name == "ppo":
+            return torch.minimum(ratio * advantages, ratio.clamp(loss.clip_low, loss.clip_high) * advantages)
+        return ratio * advantages
 
     def optim_step(self, learning_rate: float) -> None:
         with self._lock:

@@ -206,11 +206,14 @@ class TinkerBackend(TrainingBackend):
 
     def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
         datums = [self._datum(datum, with_advantages=True) for datum in data]
-        output = self._training.forward_backward(datums, "importance_sampling").result(timeout=RESULT_TIMEOUT_S)
+        loss = self._config.loss
+        output = self._training.forward_backward(datums, loss.name, loss.tinker_config()).result(
+            timeout=RESULT_TIMEOUT_S
+        )
         logprobs = self._logprobs(output)
         loss_sum = output.metrics.get("loss:sum")
         if loss_sum is None:  # compute it as the service defines it
-            loss_sum = _importance_sampling_loss(data, logprobs)
+            loss_sum = loss.summed(data, logprobs)
         return ForwardBackwardResult(loss_sum=float(loss_sum), logprobs=logprobs)
 
     def optim_step(self, learning_rate: float) -> None:
@@ -281,13 +284,3 @@ def _deprecation_notice_silenced() -> Iterator[None]:
             yield
     finally:
         sdk_log.setLevel(level)
-
-
-def _importance_sampling_loss(data: Sequence[TrainingDatum], logprobs: Sequence[Sequence[float]]) -> float:
-    import math
-
-    return -sum(
-        math.exp(current - sampled) * advantage
-        for datum, row in zip(data, logprobs, strict=True)
-        for current, sampled, advantage in zip(row, datum.sampler_logprobs or [], datum.advantages, strict=True)
-    )
