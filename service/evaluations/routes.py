@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import OPERATE, READ
 from service.deps import Ctx
 from service.evaluations import service
 from service.evaluations.schemas import EvaluationOut, EvaluationRequest
@@ -23,6 +24,7 @@ EvaluationId = Annotated[str, name_path("Evaluation id, as returned by POST /eva
     status_code=202,
     summary="Evaluate a run's checkpoints against the base model",
     responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
 )
 async def create_evaluation(ctx: Ctx, body: EvaluationRequest) -> EvaluationOut:
     """Sample the base model and the checkpoints on the same prompts (a dataset run's held-out split by default),
@@ -33,7 +35,11 @@ async def create_evaluation(ctx: Ctx, body: EvaluationRequest) -> EvaluationOut:
 
 
 @router.get(
-    "/{evaluation_id}", response_model=EvaluationOut, summary="Get an evaluation", responses=error_responses(404, 422)
+    "/{evaluation_id}",
+    response_model=EvaluationOut,
+    summary="Get an evaluation",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_evaluation(ctx: Ctx, evaluation_id: EvaluationId) -> EvaluationOut:
     """Progress (completions sampled), then the comparison and the per-prompt results."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.auth.scopes import Scope
 from service.context import AppContext
 from service.environments import service as environments
 from service.errors import RateLimited, ValidationFailed
@@ -225,6 +226,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EnvironmentsResult,
         list_environments,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_select_environment",
@@ -234,6 +236,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         SelectedResult,
         select_environment,
         Hints(idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_current_config",
@@ -243,6 +246,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         CurrentConfigResult,
         get_current_config,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_edit_config",
@@ -251,6 +255,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EditedResult,
         edit_config,
         Hints(idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_start_training",
@@ -261,6 +266,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StartedResult,
         start_training,
         Hints(open_world=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_check_status",
@@ -269,6 +275,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StatusResult | RateLimitedResult,
         check_status,
         Hints(read_only=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_stop_training",
@@ -277,6 +284,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StoppedResult,
         stop_training,
         Hints(destructive=True, idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_results",
@@ -285,6 +293,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         ResultsResult,
         get_results,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_evaluate",
@@ -295,6 +304,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EvaluationOut,
         evaluate,
         Hints(open_world=False),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_evaluation",
@@ -304,6 +314,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EvaluationOut,
         get_evaluation,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_list_runs",
@@ -312,5 +323,6 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         RunsResult,
         list_runs,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
 )
