@@ -48,6 +48,7 @@ class TrainerConfig:
     device: str
     waiting_report_interval_s: float
     batch_poll_interval_s: float
+    normalize_advantages: bool = False  # divide each group's advantages by its reward std (dataset runs may ask)
 
     @property
     def loss(self) -> PolicyLoss:
@@ -122,6 +123,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         device=_typed(tinker, "device", str, "auto"),
         waiting_report_interval_s=_typed(tinker, "waiting_report_interval_s", float, 10.0),
         batch_poll_interval_s=_typed(tinker, "batch_poll_interval_s", float, 0.2),
+        normalize_advantages=_typed(tinker, "normalize_advantages", bool, False),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))

@@ -35,7 +35,7 @@ from service.inference_tests.schemas import (
 from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.runs.lifecycle import RunStatus
-from service.runs.schemas import Failure, HeadlineMetrics, LiveProcess
+from service.runs.schemas import DatasetSource, Failure, HeadlineMetrics, LiveProcess
 from service.settings import Backend
 from service.tools.registry import ToolArguments
 
@@ -65,6 +65,16 @@ class StartTrainingArgs(ToolArguments):
     backend: Backend | None = Field(
         None, description="tinker (the Tinker service) or local (this machine); null: the server default."
     )
+    dataset: DatasetSource | None = Field(
+        None,
+        description="Train on this trajectory dataset instead of the selected environment; its config edits are "
+        "the pending ones when dataset_offline (or dataset_online) is the selected environment. Null: the "
+        "selected environment.",
+    )
+
+
+class EvaluationArgs(ToolArguments):
+    evaluation_id: str = Field(description="The id rl_evaluate returned.")
 
 
 class RunArgs(ToolArguments):
@@ -172,6 +182,7 @@ class StartedResult(BaseModel):
     run_id: str
     status: RunStatus
     environment: str
+    dataset_id: str | None = None
     backend: Backend
     config: dict[str, Any]
     wandb_project: str | None
