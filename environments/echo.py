@@ -33,6 +33,13 @@ def score_reply(reply: str, target: str, reply_tokens: int, digit_weight: float)
     return digit_weight * digit_share + (1.0 - digit_weight) * echoed / len(target)
 
 
+def score_completion(completion: str, gold: str) -> float:
+    """The echo score of a reply to the prompt whose digits are `gold`, with the default window and weight: this
+    makes `echo` a reward for dataset scoring and online dataset runs (docs/ENVIRONMENTS.md#scorers)."""
+    defaults = EchoConfig.model_fields
+    return score_reply(completion, gold, defaults["reply_tokens"].default, defaults["digit_weight"].default)
+
+
 def chat_tokens(tokenizer: Any, messages: list[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:
     """Prompt (chat template with the generation prompt) + reply tokens, and masks (-100 on the prompt)."""
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -20,6 +20,8 @@ from service.datasets import routes as dataset_routes
 from service.datasets.service import open_datasets
 from service.db import migrate
 from service.environments.routes import router as environments_router
+from service.evaluations import jobs as evaluation_jobs
+from service.evaluations.routes import router as evaluations_router
 from service.health.routes import router as health_router
 from service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
 from service.inference_tests import jobs as inference_test_jobs
@@ -49,7 +51,13 @@ Errors share one body: `{"error": {"code", "message", "details"}}`.
 
 def register_job_kinds(runner: JobRunner) -> None:
     """Every domain's background jobs: each domain's `jobs.job_kinds()`, registered here where the app is built."""
-    for kind in (*dataset_jobs.job_kinds(), *collection_jobs.job_kinds(), *inference_test_jobs.job_kinds()):
+    kinds = (
+        *dataset_jobs.job_kinds(),
+        *collection_jobs.job_kinds(),
+        *inference_test_jobs.job_kinds(),
+        *evaluation_jobs.job_kinds(),
+    )
+    for kind in kinds:
         runner.register(kind)
 
 
@@ -98,6 +106,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(dataset_routes.downloads_router, dependencies=protected)
     app.include_router(collection_routes.router, dependencies=protected)
     app.include_router(inference_tests_router, dependencies=protected)
+    app.include_router(evaluations_router, dependencies=protected)
     app.include_router(tools_router, dependencies=protected)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))

@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=cmd_model_init_tiny)
+    serve_model = model.add_parser(
+        "serve", help="serve a local model or checkpoint with the trainer's OpenAI-compatible server"
+    )
+    serve_model.add_argument("directory", help="the base model: a directory or a cached hub id")
+    serve_model.add_argument("--adapter", help="a local checkpoint directory (runs/{id}/checkpoints/step_N)")
+    serve_model.add_argument("--host", default="127.0.0.1")
+    serve_model.add_argument("--port", type=int, default=8001)
+    serve_model.set_defaults(handler=cmd_model_serve)
 
     tokens = commands.add_parser("tokens", help="API tokens with scopes (docs/AUTH.md)").add_subparsers(
         title="tokens commands"
@@ -75,6 +83,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format, settings.secret_values)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
     return 0
+
+
+def cmd_model_serve(args: argparse.Namespace) -> int:
+    from trainer.serve import main as serve
+
+    argv = [args.directory, "--host", args.host, "--port", str(args.port)]
+    return serve([*argv, *(["--adapter", args.adapter] if args.adapter else [])])
 
 
 def cmd_tokens_create(args: argparse.Namespace) -> int:

@@ -60,6 +60,7 @@ class TrainerConfig:
     sampling_error_budget: int  # consecutive failed sampling calls that fail the run (docs/TRAINER.md)
     training_error_budget: int  # consecutive failed training steps that fail the run
     health: HealthRules  # best checkpoint and collapse detection (docs/TRAINER.md#run-health)
+    normalize_advantages: bool = False  # divide each group's advantages by its reward std (dataset runs may ask)
 
     @property
     def loss(self) -> PolicyLoss:
@@ -137,6 +138,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         sampling_error_budget=_typed(tinker, "sampling_error_budget", int, SAMPLING_ERROR_BUDGET),
         training_error_budget=_typed(tinker, "training_error_budget", int, TRAINING_ERROR_BUDGET),
         health=_health_rules(tinker),
+        normalize_advantages=_typed(tinker, "normalize_advantages", bool, False),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))

@@ -110,14 +110,14 @@ def build_datum(
     )
 
 
-def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int) -> PreparedBatch:
+def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int, normalize_by_std: bool = False) -> PreparedBatch:
     """Datums for every rollout of every group whose advantages are not all zero."""
     batch = PreparedBatch(num_groups=len(groups))
     for group in groups:
         scores = [float(score) for score in group["scores"]]
         batch.rewards.extend(scores)
         batch.completion_lengths.extend(sum(1 for mask in masks if mask != PROMPT_MASK) for masks in group["masks"])
-        advantages = group_advantages(scores)
+        advantages = group_advantages(scores, normalize_by_std)
         if all(abs(value) < 1e-12 for value in advantages):
             batch.skipped_groups += 1
             continue
@@ -171,7 +171,8 @@ def step_metrics(
         "completion/mean_tokens": _mean([float(length) for length in batch.completion_lengths]),
         "logprobs/mean": _mean(sampler),
         "logprobs/mean_training": _mean(training),
-        "logprobs/diff": _mean([t - s for t, s in zip(training, sampler, strict=True)]) if training else 0.0,
+        # reference (sampler) − training, the sign the seed pipeline and tinker-atropos log
+        "logprobs/diff": _mean([s - t for t, s in zip(training, sampler, strict=True)]) if training else 0.0,
         "advantages/mean": _mean(batch.trained_advantages),
         "advantages/std": _std(batch.trained_advantages),
         "batch/sequences": float(batch.num_sequences),

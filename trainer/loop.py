@@ -67,10 +67,11 @@ def train_on_batch(
     learning_rate: float,
     max_length: int,
     timings: StepTimings,
+    normalize_advantages: bool = False,
 ) -> StepReport:
     """One GRPO step on one Atropos batch; `step` is the number the published weights get."""
     started = time.perf_counter()
-    batch = prepare_batch(groups, max_length)
+    batch = prepare_batch(groups, max_length, normalize_advantages)
     missing = [index for index, datum in enumerate(batch.data) if datum.sampler_logprobs is None]
     if missing:  # the environment sent no sampler logprobs: score the rollouts with the current weights
         computed = backend.compute_logprobs([batch.data[index] for index in missing])
@@ -252,7 +253,13 @@ class Trainer:
         assert self.backend is not None and self.metrics is not None
         try:
             report = train_on_batch(
-                self.backend, groups, step, self.config.learning_rate, self.config.max_token_trainer_length, timings
+                self.backend,
+                groups,
+                step,
+                self.config.learning_rate,
+                self.config.max_token_trainer_length,
+                timings,
+                self.config.normalize_advantages,
             )
         except Exception as error:  # noqa: BLE001 - counted against the budget, which decides
             log.warning("training step %d failed: %s: %s", step, type(error).__name__, error)

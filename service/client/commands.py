@@ -58,7 +58,18 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
 
     runs = group("runs", "training runs")
     start = command(runs, "start", runs_start, "start a run")
-    start.add_argument("environment")
+    start.add_argument("environment", nargs="?", help="the environment to train on (or --dataset)")
+    start.add_argument("--dataset", metavar="ID", help="train on this trajectory dataset instead of an environment")
+    start.add_argument("--mode", choices=("offline", "online"), default="offline", help="how to use the dataset")
+    start.add_argument("--held-out", type=float, default=0.0, metavar="SHARE", help="share of prompts kept out")
+    start.add_argument(
+        "--reward",
+        dest="rewards",
+        action="append",
+        default=[],
+        metavar="NAME[=WEIGHT]",
+        help="online: a reward of the policy's completions (repeat to combine)",
+    )
     start.add_argument("--backend", choices=("local", "tinker"), help="default: the server's")
     start.add_argument("--set", dest="edits", action="append", default=[], metavar="FIELD=VALUE", help="config edit")
     start.add_argument("--config", type=Path, metavar="FILE", help="YAML or JSON mapping of config edits")
@@ -124,6 +135,20 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     test.add_argument("--no-wait", dest="wait", action="store_false", help="print the job and return")
     test.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     test.set_defaults(handler=_client_command(inference_test))
+
+    evaluate = commands.add_parser(
+        "eval", help="compare a run's checkpoints with its base model on held-out prompts", parents=[common]
+    )
+    evaluate.add_argument("run_id")
+    evaluate.add_argument("--step", dest="steps", type=int, action="append", help="checkpoint step; repeatable")
+    evaluate.add_argument("--split", choices=("held_out", "train"), help="the run's prompts to answer")
+    evaluate.add_argument("--reward", dest="rewards", action="append", default=[], metavar="NAME[=WEIGHT]")
+    evaluate.add_argument("--samples", dest="samples_per_prompt", type=int, help="completions per prompt and model")
+    evaluate.add_argument("--max-prompts", type=int)
+    evaluate.add_argument("--max-tokens", type=int)
+    evaluate.add_argument("--no-wait", dest="wait", action="store_false", help="print the evaluation and return")
+    evaluate.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    evaluate.set_defaults(handler=_client_command(evaluation))
 
 
 def _connection_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -199,6 +224,7 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
     edits.update(_assignments(args.edits))
     body = {
         "environment": args.environment,
+        "dataset": _dataset_source(args),
         "config": edits,
         "backend": args.backend,
         "idempotency_key": args.idempotency_key,
@@ -209,6 +235,22 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
         return 0
     print(f"run {run['id']} started", file=sys.stderr)
     return _finish_following(args, _follow_run(client, run["id"], args.interval))
+
+
+def _dataset_source(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The request's `dataset` (the same model as POST /runs); the service says when both or neither are given."""
+    if args.dataset is None:
+        return None
+    return {"id": args.dataset, "mode": args.mode, "held_out": args.held_out, "rewards": _rewards(args.rewards)}
+
+
+def _rewards(entries: list[str]) -> list[dict[str, Any]]:
+    """`NAME[=WEIGHT]` options as reward specs."""
+    rewards = []
+    for entry in entries:
+        name, _, weight = entry.partition("=")
+        rewards.append({"name": name, "weight": float(weight) if weight else 1.0})
+    return rewards
 
 
 def runs_list(client: ApiClient, args: argparse.Namespace) -> int:
@@ -464,6 +506,33 @@ def inference_test(client: ApiClient, args: argparse.Namespace) -> int:
         "base_url": args.base_url,
     }
     return _start_job(client, args, "/inference-tests", {k: v for k, v in body.items() if v is not None})
+
+
+def evaluation(client: ApiClient, args: argparse.Namespace) -> int:
+    """POST /evaluations, then follow it; the table is each model's mean, difference, interval and win rate."""
+    body = {
+        "run_id": args.run_id,
+        "steps": args.steps,
+        "split": args.split,
+        "rewards": _rewards(args.rewards) or None,
+        "samples_per_prompt": args.samples_per_prompt,
+        "max_prompts": args.max_prompts,
+        "max_tokens": args.max_tokens,
+    }
+    started = client.post("/evaluations", {k: v for k, v in body.items() if v is not None})
+    current = started
+    progress = output.Progress()
+    while args.wait and current["status"] not in JOB_TERMINAL:
+        time.sleep(args.interval)
+        current = client.get(f"/evaluations/{_segment(started['id'])}")
+        progress.update(f"evaluation {current['id']}: {current['status']} {output.bar(**current['progress'])}")
+    progress.done()
+    columns = ["name", "mean_reward", "difference", "interval", "win_rate", "samples"]
+    _emit(args, current, lambda e: output.generic_table(e.get("models") or [], columns) or _record_text(e))
+    if args.wait and current["status"] != "succeeded":
+        print(f"rlctl: evaluation {current['id']} {current['status']}: {current.get('error')}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # --- helpers ---

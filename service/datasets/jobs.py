@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from service.context import AppContext
 from service.datasets import env_scorer
@@ -249,10 +249,10 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
         return done
     parent, params = job.parent(), handle.params
     answer_field = params.get("answer_field", "answer")
-    scorers = _environment_scorers(ctx, params["rewards"], answer_field)
+    scorers = environment_scorers(ctx, params["rewards"], answer_field)
     try:
         rewards = build_rewards(params["rewards"], scorers)
-        rewards = [_with_answer_field(reward, answer_field) for reward in rewards]
+        rewards = [with_answer_field(reward, answer_field) for reward in rewards]
         parent_stats = dataset_stats(ctx, parent.id).stats
         builder = job.builder(load_counter(ctx.settings, "approx"), stats=parent_stats)
         missing = {"answer_missing": 0}
@@ -274,7 +274,7 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
     return job.finish(builder, parent, report)
 
 
-def _environment_scorers(
+def environment_scorers(
     ctx: AppContext, spec: list[dict[str, Any]], answer_field: str
 ) -> dict[str, env_scorer.ChildScorer]:
     scorers: dict[str, env_scorer.ChildScorer] = {}
@@ -291,7 +291,7 @@ def _environment_scorers(
     return scorers
 
 
-def _with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedReward:
+def with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedReward:
     if isinstance(reward.function, CorrectnessReward):
         return WeightedReward(CorrectnessReward(answer_key=answer_field), reward.weight)
     return reward
@@ -314,7 +314,7 @@ def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any
     staging = scratch.directory / "export.jsonl"
     stats, examples = GrpoExportStats(), []
     try:
-        sorted_pairs, unkeyed = _sorted_keys(files.records, params.get("group_by"), scratch.directory, handle)
+        sorted_pairs, unkeyed = sorted_group_keys(files.records, params.get("group_by"), scratch.directory, handle)
         if unkeyed:
             issue = GroupIssue(None, NO_PROMPT, unkeyed, "records without a prompt cannot be grouped")
             stats.add(issue)
@@ -352,8 +352,27 @@ def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any
     }
 
 
-def _sorted_keys(
-    records: Path, group_by: str | None, scratch: Path, handle: JobHandle
+class Progress(Protocol):
+    """What a long pass reports to: a job's handle, or nothing (`NO_PROGRESS`) when a request waits on it."""
+
+    def progress(self, done: int, total: int | None = None, force: bool = False) -> None: ...
+
+    def check_cancelled(self) -> None: ...
+
+
+class _NoProgress:
+    def progress(self, done: int, total: int | None = None, force: bool = False) -> None:
+        """Nobody watches."""
+
+    def check_cancelled(self) -> None:
+        """Nothing cancels."""
+
+
+NO_PROGRESS: Progress = _NoProgress()
+
+
+def sorted_group_keys(
+    records: Path, group_by: str | None, scratch: Path, handle: Progress = NO_PROGRESS
 ) -> tuple[Iterator[tuple[str, int]], int]:
     """(group key, byte offset) of every record, sorted by key through runs spilled to disk; and the count of
     records without a prompt."""

@@ -134,7 +134,7 @@ async def list_datasets(
 )
 async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> DatasetOut:
     """Counts, lineage (parent, operation, parameters) and the operation's report."""
-    return await run_in_threadpool(service.get_dataset, ctx, dataset_id)
+    return await run_in_threadpool(service.get_dataset_with_lineage, ctx, dataset_id)
 
 
 @router.delete(

@@ -49,6 +49,14 @@ class ItemErrorOut(BaseModel):
     path: str | None = Field(None, description="Where inside the item, e.g. traj[5].role.")
 
 
+class TrainedRun(BaseModel):
+    id: str
+    mode: str = Field(description="offline or online")
+    status: str
+    weights: str | None = Field(description="The run's newest trained weights, once it has any.")
+    created_at: datetime
+
+
 class DatasetOut(BaseModel):
     id: str
     name: str
@@ -61,6 +69,9 @@ class DatasetOut(BaseModel):
     byte_size: int
     report: dict[str, Any] = Field(description="What the operation did: skipped lines, dropped records, metrics.")
     created_at: datetime
+    runs: list[TrainedRun] | None = Field(
+        None, description="Runs that trained on this dataset, newest first (lineage); given by GET /datasets/{id}."
+    )
 
 
 class DerivedDatasetResult(BaseModel):

@@ -36,13 +36,15 @@ from service.datasets.schemas import (
     MetricsPage,
     Operation,
     RecordsPage,
+    RewardSpec,
     ScoreRequest,
+    TrainedRun,
     UploadOptions,
 )
 from service.datasets.store import DatasetStore, read_page
 from service.datasets.tokenizers import load_counter, resolve_tokenizer
 from service.datasets.uploads import ByteStream, UndecodableUpload, upload_items
-from service.db.models import Dataset, Job
+from service.db.models import Dataset, Job, Run
 from service.db.rows import load_row
 from service.errors import PayloadTooLarge, ValidationFailed
 from service.jobs.runner import UNFINISHED
@@ -142,6 +144,24 @@ def upload_dataset(ctx: AppContext, options: UploadOptions, lines_or_stream: Byt
 def get_dataset(ctx: AppContext, dataset_id: str) -> DatasetOut:
     with ctx.db.session() as session:
         return dataset_record(load_row(session, Dataset, dataset_id, DatasetNotFound))
+
+
+def get_dataset_with_lineage(ctx: AppContext, dataset_id: str) -> DatasetOut:
+    """The dataset and the runs that trained on it (a run keeps its dataset id when the dataset goes)."""
+    with ctx.db.session() as session:
+        record = dataset_record(load_row(session, Dataset, dataset_id, DatasetNotFound))
+        query = select(Run).where(Run.dataset_id == dataset_id).order_by(Run.created_at.desc(), Run.id.desc())
+        runs = [
+            TrainedRun(
+                id=run.id,
+                mode=run.dataset_mode or "offline",
+                status=run.status,
+                weights=run.weights,
+                created_at=run.created_at,
+            )
+            for run in session.scalars(query)
+        ]
+    return record.model_copy(update={"runs": runs})
 
 
 def list_datasets(
@@ -252,16 +272,21 @@ def start_compression(ctx: AppContext, dataset_id: str, request: CompressRequest
 
 def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    names = [reward.name for reward in request.rewards]  # a rule over the items, which a JSON schema cannot state
+    check_rewards(ctx, request.rewards)
+    return _submit(ctx, "dataset_score", parent, request.model_dump())
+
+
+def check_rewards(ctx: AppContext, rewards: list[RewardSpec]) -> None:
+    """Each reward once, and each one known: built in, or an environment that offers a scorer."""
+    names = [reward.name for reward in rewards]  # a rule over the items, which a JSON schema cannot state
     if len(set(names)) != len(names):
         raise ValidationFailed("each reward function may appear once", {"rewards": names})
-    for reward in request.rewards:
+    for reward in rewards:
         if reward.name not in BUILTIN_REWARDS and not env_scorer.has_scorer(ctx, reward.name):
             raise UnknownReward(
                 f"unknown reward function {reward.name!r}",
                 {"name": reward.name, "available": [*BUILTIN_REWARDS, *env_scorer.scorer_environments(ctx)]},
             )
-    return _submit(ctx, "dataset_score", parent, request.model_dump())
 
 
 def start_grpo_export(ctx: AppContext, dataset_id: str, request: GrpoExportRequest) -> JobOut:

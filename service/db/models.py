@@ -41,6 +41,9 @@ class Run(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     environment: Mapped[str] = mapped_column(String(128), index=True)
+    # The dataset a run trains on (docs/RUNS.md#training-on-a-dataset); kept when the dataset is deleted.
+    dataset_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    dataset_mode: Mapped[str | None] = mapped_column(String(16))  # offline | online
     backend: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(16))
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)

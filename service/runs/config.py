@@ -57,6 +57,12 @@ MANAGED_ENV_FIELDS = {
     "use_wandb": "On when W&B is configured on the server.",
     "data_path_to_save_groups": "Not used by supervised runs.",
     "data_dir_to_save_evals": "Not used by supervised runs.",
+    # Dataset runs (docs/RUNS.md#training-on-a-dataset): files in the run directory, and the request's rewards.
+    "groups_path": "The run's training groups, written when the run is created.",
+    "prompts_path": "The run's training prompts, written when the run is created.",
+    "held_out_path": "The run's held-out prompts, written when the run is created.",
+    "rewards": "The rewards of the request's dataset source.",
+    "answer_field": "The answer field of the request's dataset source.",
 }
 
 
@@ -222,14 +228,20 @@ def build_run_config(
     placement: RunPlacement,
     now: datetime,
     wandb_enabled: bool = False,
+    managed: dict[str, Any] | None = None,
+    total_steps: int | None = None,
 ) -> dict[str, Any]:
-    """The merged config: config_init() values < caller's edits < locked values, in the YAML's sections."""
+    """The merged config: config_init() values < caller's edits < locked values, in the YAML's sections.
+    `managed` gives managed fields their values (others are null); `total_steps` replaces the locked value
+    where the run's data decides it (an offline dataset run's epochs)."""
     backend = Backend(edits.get("backend") or settings.effective_default_backend)
     fields = configurable_fields(env_name, schema, settings, backend)
     values = effective_values(edits, fields)
     locked = locked_values(settings, backend)
     api_url = f"http://127.0.0.1:{placement.api_port}" if placement.api_port else PLACEHOLDER_URL
     locked["rollout_server_url"] = api_url
+    if total_steps is not None:
+        locked["total_steps"] = total_steps
     wandb_name = values.get("wandb_name") or f"{env_name}-{now:%Y%m%d-%H%M%S}"
     env_field_names = {f.name for f in schema.fields}
 
@@ -237,9 +249,10 @@ def build_run_config(
     env_section.update({k: v for k, v in values.items() if k in env_field_names})
     env_section.update({f.name: locked[f.name] for f in LOCKED_FIELDS if f.in_env and f.name in env_field_names})
     env_section["wandb_name"] = wandb_name
-    for managed in MANAGED_ENV_FIELDS:
-        if managed in env_field_names:
-            env_section[managed] = wandb_enabled if managed == "use_wandb" else None
+    managed_values = managed or {}
+    for name in MANAGED_ENV_FIELDS:
+        if name in env_field_names:
+            env_section[name] = wandb_enabled if name == "use_wandb" else managed_values.get(name)
 
     inference_url = (
         f"http://127.0.0.1:{placement.inference_port}/v1" if placement.inference_port else PLACEHOLDER_URL + "/v1"
@@ -273,6 +286,8 @@ def build_run_config(
             "wandb_run_name": wandb_name,
             "seed": 0,
             **{field.name: values[field.name] for field in RUN_FIELDS},
+            # a dataset environment's choice (docs/RUNS.md#training-on-a-dataset); false for every other
+            "normalize_advantages": bool(values.get("normalize_by_std", False)),
         },
         "slurm": False,
         "testing": False,

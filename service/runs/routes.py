@@ -21,10 +21,12 @@ from service.runs.lifecycle import RunStatus
 from service.runs.schemas import (
     CreateRunRequest,
     ProcessRole,
+    PromptSplit,
     RateLimitedBody,
     RunList,
     RunMetrics,
     RunOut,
+    RunPrompts,
     RunResults,
     RunStatusOut,
 )
@@ -66,9 +68,10 @@ async def list_runs(
     environment: Annotated[str | None, Query(max_length=128, description="Only runs of this environment.")] = None,
     limit: PageLimit = DEFAULT_PAGE,
     cursor: PageCursor = None,
+    dataset_id: Annotated[str | None, Query(max_length=128, description="Only runs trained on this dataset.")] = None,
 ) -> RunList:
     """Newest first, `limit` at a time."""
-    return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor)
+    return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor, dataset_id)
 
 
 @router.get(
@@ -112,6 +115,25 @@ async def stop_run(
     """Environment, then trainer, then API: SIGTERM to each process group, SIGKILL after the grace period.
     A run still starting stops starting. A run that has already ended is a 409 INVALID_STATE."""
     return await run_in_threadpool(service.stop_run, ctx, ctx.runs, run_id, wait_s)
+
+
+@router.get(
+    "/{run_id}/prompts",
+    response_model=RunPrompts,
+    summary="Get a dataset run's prompts",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
+)
+async def get_run_prompts(
+    ctx: Ctx,
+    run_id: RunId,
+    split: Annotated[PromptSplit, Query(description="The training or the held-out prompts.")] = "held_out",
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100)] = 100,
+) -> RunPrompts:
+    """The prompts of a run trained on a dataset, by split: `held_out` ones never reached training and are the
+    ones to evaluate on. A run of an environment has none (an empty page)."""
+    return await run_in_threadpool(service.get_prompts, ctx, run_id, split, offset, limit)
 
 
 @router.get(

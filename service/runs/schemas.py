@@ -3,22 +3,67 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.datasets.schemas import RewardSpec
 from service.names import NAME_PATTERN
 from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.schemas import ErrorBody
 from service.settings import Backend
 
 ProcessRole = Literal["api", "trainer", "env"]
+PromptSplit = Literal["train", "held_out"]
+
+
+class DatasetMode(StrEnum):
+    OFFLINE = "offline"
+    ONLINE = "online"
+
+
+class DatasetSource(BaseModel):
+    """A trajectory dataset to train on instead of an environment (docs/RUNS.md#training-on-a-dataset)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=NAME_PATTERN, description="Dataset id, as listed by GET /datasets.")
+    mode: DatasetMode = Field(
+        DatasetMode.OFFLINE,
+        description="offline: train on the stored completions (the dataset must be scored); "
+        "online: its prompts, answered by the policy and scored by `rewards`.",
+    )
+    held_out: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of prompts kept out of training, for evaluation (GET /runs/{id}/prompts).",
+    )
+    group_by: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$",
+        description="Metadata field that names the prompt; default: the human turns before the first assistant turn.",
+    )
+    rewards: list[RewardSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description='online: the rewards of the policy\'s completions, e.g. [{"name": "correctness", "weight": 1}].',
+    )
+    answer_field: str = Field(
+        "answer", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$", description="Metadata field of the expected answer."
+    )
 
 
 class CreateRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    environment: str = Field(pattern=NAME_PATTERN, description="Environment name, as listed by GET /environments.")
+    environment: str | None = Field(
+        None, pattern=NAME_PATTERN, description="Environment name, as listed by GET /environments."
+    )
+    dataset: DatasetSource | None = Field(
+        None, description="A trajectory dataset to train on, instead of an environment."
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="Edits of configurable fields.")
     backend: Backend | None = Field(None, description="Training backend; the server's default when absent.")
     idempotency_key: str | None = Field(
@@ -28,6 +73,12 @@ class CreateRunRequest(BaseModel):
         pattern=r"^[^\x00-\x1f\x7f]+$",
         description="Same key, same run: a retried request never starts a second run.",
     )
+
+    @model_validator(mode="after")
+    def one_source(self) -> Self:
+        if (self.environment is None) == (self.dataset is None):
+            raise ValueError("give either environment or dataset (exactly one)")
+        return self
 
 
 class Failure(BaseModel):
@@ -53,6 +104,8 @@ class ProcessOut(BaseModel):
 class RunSummary(BaseModel):
     id: str
     environment: str
+    dataset_id: str | None = Field(None, description="The dataset the run trains on (lineage), if any.")
+    dataset_mode: DatasetMode | None = None
     backend: str
     status: RunStatus
     last_step: int | None
@@ -101,6 +154,9 @@ class RunOut(RunSummary):
     weights: str | None
     warnings: list[RunWarning] = Field(default_factory=list, description="What the trainer reported about its backend.")
     collapse: Collapse | None = Field(None, description="Set when the run collapsed, with the step where it began.")
+    dataset: dict[str, Any] | None = Field(
+        None, description="A dataset run's split: counts of groups or prompts, what was left out and why."
+    )
     ports: dict[str, int]
     updated_at: datetime
     logs: dict[str, str]
@@ -181,3 +237,18 @@ class RunResults(RunSummary):
 class RunMetrics(BaseModel):
     run_id: str
     metrics: dict[str, list[list[float]]] = Field(description='name → [[step, value], ...], e.g. "reward/mean".')
+
+
+class RunPrompt(BaseModel):
+    group_key: str = Field(description="SHA-256 of the prompt: the key records are grouped by.")
+    messages: list[dict[str, Any]] = Field(description="The turns before the first assistant turn.")
+    metadata: dict[str, Any]
+    records: int | None = Field(None, description="offline: stored completions of this prompt.")
+
+
+class RunPrompts(BaseModel):
+    run_id: str
+    split: PromptSplit
+    prompts: list[RunPrompt]
+    total: int
+    offset: int

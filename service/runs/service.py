@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 import uuid
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNot
 from service.observability import actor_var
 from service.pagination import DEFAULT_PAGE, newest_first_page
 from service.runs import config as run_config
+from service.runs import datasets as dataset_runs
 from service.runs import lifecycle, metrics, ratelimit
 from service.runs.launch import Ports
 from service.runs.lifecycle import ProcessStatus, RunStatus
@@ -31,9 +33,12 @@ from service.runs.schemas import (
     HeadlineMetrics,
     LiveProcess,
     ProcessOut,
+    PromptSplit,
     RunList,
     RunMetrics,
     RunOut,
+    RunPrompt,
+    RunPrompts,
     RunResults,
     RunSnapshot,
     RunStatusOut,
@@ -71,7 +76,7 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
             return existing, False
     chosen = environments.resolve_backend(ctx, request.backend or request.config.get("backend"))
     require_backend(ctx, chosen)
-    env = ctx.catalog.get(request.environment)
+    env = ctx.catalog.get(_environment_name(request))
     schema = ctx.catalog.config_schema(env)
     edits = {**request.config, "backend": chosen.value}
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
@@ -83,14 +88,32 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     probe = None if offline else probe_wandb(ctx.settings)  # bounded by wandb_check_timeout_s
     wandb_plan = plan_wandb(ctx.settings.wandb_api_key is not None, offline, probe)
     wandb_warning = wandb_plan.warning(paths.run_dir)
+    plan = None
+    if request.dataset is not None:  # checked, and its split written, before anything is recorded
+        values = run_config.effective_values(edits, fields)
+        try:
+            plan = dataset_runs.prepare(ctx, request.dataset, values, paths.run_dir)
+        except Exception:
+            shutil.rmtree(paths.run_dir, ignore_errors=True)  # a new id: nothing else lives there
+            raise
     api_port, inference_port = free_ports(2)
     placement = run_config.RunPlacement(api_port, inference_port, str(paths.run_dir))
     merged = run_config.build_run_config(
-        env.name, schema, edits, ctx.settings, placement, datetime.now(UTC), wandb_plan.mode != WandbMode.DISABLED
+        env.name,
+        schema,
+        edits,
+        ctx.settings,
+        placement,
+        datetime.now(UTC),
+        wandb_plan.mode != WandbMode.DISABLED,
+        managed=dataset_runs.managed_values(ctx, request.dataset, paths.run_dir) if request.dataset else None,
+        total_steps=plan.total_steps if plan else None,
     )
     run = Run(
         id=run_id,
         environment=env.name,
+        dataset_id=request.dataset.id if request.dataset else None,
+        dataset_mode=request.dataset.mode.value if request.dataset else None,
         backend=chosen,
         status=lifecycle.PENDING,
         config=merged,
@@ -111,6 +134,7 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         with ctx.db.session() as session:
             session.add(run)
     except IntegrityError:
+        shutil.rmtree(paths.run_dir, ignore_errors=True)  # a dataset split written for a run never recorded
         existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash) if idempotency_key else None
         if existing is None:
             raise
@@ -119,6 +143,18 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     paths.config.write_text(run_config.render_yaml(merged))
     manager.launch(run_id)
     return get_run(ctx, run_id), True
+
+
+def _environment_name(request: CreateRunRequest) -> str:
+    if request.dataset is not None:
+        return dataset_runs.DATASET_ENVIRONMENTS[request.dataset.mode]
+    name = str(request.environment)
+    if name in dataset_runs.DATASET_ENVIRONMENTS.values():
+        raise ValidationFailed(
+            f'{name} trains on a dataset: give `dataset` ({{"id": ..., "mode": ...}}) instead of `environment`',
+            {"field": "environment", "value": name},
+        )
+    return name
 
 
 def require_backend(ctx: AppContext, backend: Backend) -> None:
@@ -136,9 +172,10 @@ def new_run_id() -> str:
 
 def _request_hash(request: CreateRunRequest) -> str:
     backend = request.backend.value if request.backend else None
-    canonical = json.dumps(
-        {"environment": request.environment, "config": request.config, "backend": backend}, sort_keys=True
-    )
+    fields: dict[str, Any] = {"environment": request.environment, "config": request.config, "backend": backend}
+    if request.dataset is not None:  # only then: the hashes of environment runs stay what they were
+        fields["dataset"] = request.dataset.model_dump(mode="json")
+    canonical = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -169,12 +206,15 @@ def list_runs(
     environment: str | None = None,
     limit: int = DEFAULT_PAGE,
     cursor: str | None = None,
+    dataset_id: str | None = None,
 ) -> RunList:
     query = select(Run)
     if status:
         query = query.where(Run.status == status)
     if environment:
         query = query.where(Run.environment == environment)
+    if dataset_id:
+        query = query.where(Run.dataset_id == dataset_id)
     with ctx.db.session() as session:
         records, next_cursor = newest_first_page(session, query, Run, limit, cursor, run_summary)
     return RunList(runs=records, count=len(records), next_cursor=next_cursor)
@@ -188,6 +228,8 @@ def _summary_fields(run: Run) -> dict[str, Any]:
     return {
         "id": run.id,
         "environment": run.environment,
+        "dataset_id": run.dataset_id,
+        "dataset_mode": run.dataset_mode,
         "backend": run.backend,
         "status": run.status,
         "last_step": run.last_step,
@@ -221,6 +263,7 @@ def run_record(ctx: AppContext, run: Run) -> RunOut:
         wandb=run.wandb,
         warnings=run_warnings(run, state),
         collapse=state.get("collapse"),
+        dataset=dataset_runs.read_plan(paths.run_dir) if run.dataset_id else None,
         ports=run.ports,
         updated_at=run.updated_at,
         logs=paths.logs(),
@@ -352,6 +395,20 @@ def get_results(ctx: AppContext, run_id: str) -> RunResults:
         wandb_project=wandb[0],
         wandb_url=wandb[1],
         failure=failure,
+    )
+
+
+def get_prompts(ctx: AppContext, run_id: str, split: PromptSplit, offset: int, limit: int) -> RunPrompts:
+    with ctx.db.session() as session:
+        load_row(session, Run, run_id, RunNotFound)
+    run_dir = RunPaths(ctx.settings.data_path, run_id).run_dir
+    prompts, total = dataset_runs.read_prompts(run_dir, split, offset, limit)
+    return RunPrompts(
+        run_id=run_id,
+        split=split,
+        prompts=[RunPrompt.model_validate(prompt) for prompt in prompts],
+        total=total,
+        offset=offset,
     )
 
 

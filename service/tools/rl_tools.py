@@ -11,7 +11,10 @@ from service.auth.scopes import Scope
 from service.context import AppContext
 from service.environments import service as environments
 from service.errors import RateLimited, ValidationFailed
+from service.evaluations import service as evaluations
+from service.evaluations.schemas import EvaluationOut, EvaluationRequest
 from service.runs import service as runs
+from service.runs.datasets import DATASET_ENVIRONMENTS
 from service.runs.lifecycle import RunStatus
 from service.runs.ratelimit import describe_interval, status_rule
 from service.runs.schemas import CreateRunRequest
@@ -23,6 +26,7 @@ from service.tools.schemas import (
     EditedResult,
     EnvironmentBrief,
     EnvironmentsResult,
+    EvaluationArgs,
     ListRunsArgs,
     LockedField,
     RateLimitedResult,
@@ -100,16 +104,28 @@ def edit_config(ctx: AppContext, state: SessionState, args: EditConfigArgs) -> E
 
 
 def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs) -> StartedResult:
-    environment = selected_environment(ctx, state)
-    edits = {k: v for k, v in state.pending_config.items() if k != "backend"}
-    backend = args.backend or state.pending_config.get("backend")
-    request = CreateRunRequest(environment=environment, config=edits, backend=backend)
+    if args.dataset is not None:
+        own = state.selected_environment == DATASET_ENVIRONMENTS[args.dataset.mode]
+        pending = state.pending_config if own else {}
+        request = CreateRunRequest(
+            dataset=args.dataset,
+            config={k: v for k, v in pending.items() if k != "backend"},
+            backend=args.backend or pending.get("backend"),
+        )
+    else:
+        request = CreateRunRequest(
+            environment=selected_environment(ctx, state),
+            config={k: v for k, v in state.pending_config.items() if k != "backend"},
+            backend=args.backend or state.pending_config.get("backend"),
+        )
+    edits = request.config
     run, _created = runs.create_run(ctx, ctx.runs, request)
     interval = describe_interval(ctx.settings.status_check_interval_s)
     return StartedResult(
         run_id=run.id,
         status=run.status,
-        environment=environment,
+        environment=run.environment,
+        dataset_id=run.dataset_id,
         backend=run.backend,
         config=edits,
         wandb_project=run.wandb_project,
@@ -120,6 +136,14 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
         f"Check it with rl_check_status({run.id!r}) in about {interval}. "
         + status_rule(ctx.settings.status_check_interval_s),
     )
+
+
+def evaluate(ctx: AppContext, _state: SessionState, args: EvaluationRequest) -> EvaluationOut:
+    return evaluations.start_evaluation(ctx, args)
+
+
+def get_evaluation(ctx: AppContext, _state: SessionState, args: EvaluationArgs) -> EvaluationOut:
+    return evaluations.get_evaluation(ctx, args.evaluation_id)
 
 
 def check_status(ctx: AppContext, _state: SessionState, args: RunArgs) -> StatusResult | RateLimitedResult:
@@ -240,7 +264,8 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
     Tool(
         "rl_start_training",
         "Start a training run of the selected environment with the pending config (launches the Atropos API, the "
-        f"trainer and the environment). Returns the run_id. {STATUS_RULE}",
+        "trainer and the environment), or, with `dataset`, a run that trains on a trajectory dataset (offline: its "
+        f"scored completions; online: its prompts). Returns the run_id. {STATUS_RULE}",
         StartTrainingArgs,
         StartedResult,
         start_training,
@@ -271,6 +296,27 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         RunArgs,
         ResultsResult,
         get_results,
+        Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
+    ),
+    Tool(
+        "rl_evaluate",
+        "Evaluate a run: sample its base model and checkpoints (default: the newest) on the same held-out prompts, "
+        "score them with the same rewards and compare (mean reward, difference to the base with a 95 % bootstrap "
+        "interval, win rate per prompt). A job: poll rl_get_evaluation.",
+        EvaluationRequest,
+        EvaluationOut,
+        evaluate,
+        Hints(open_world=False),
+        scope=Scope.OPERATE,
+    ),
+    Tool(
+        "rl_get_evaluation",
+        "Get an evaluation: its progress, then each model's mean reward, difference to the base with its 95 % "
+        "interval, win rate, and the per-prompt results.",
+        EvaluationArgs,
+        EvaluationOut,
+        get_evaluation,
         Hints(read_only=True, idempotent=True),
         scope=Scope.READ,
     ),

@@ -36,7 +36,7 @@ from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.pagination import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
 from service.runs.lifecycle import RunStatus
-from service.runs.schemas import Failure, HeadlineMetrics, LiveProcess
+from service.runs.schemas import DatasetSource, Failure, HeadlineMetrics, LiveProcess
 from service.settings import Backend
 from service.tools.registry import ToolArguments
 
@@ -66,6 +66,16 @@ class StartTrainingArgs(ToolArguments):
     backend: Backend | None = Field(
         None, description="tinker (the Tinker service) or local (this machine); null: the server default."
     )
+    dataset: DatasetSource | None = Field(
+        None,
+        description="Train on this trajectory dataset instead of the selected environment; its config edits are "
+        "the pending ones when dataset_offline (or dataset_online) is the selected environment. Null: the "
+        "selected environment.",
+    )
+
+
+class EvaluationArgs(ToolArguments):
+    evaluation_id: str = Field(description="The id rl_evaluate returned.")
 
 
 class RunArgs(ToolArguments):
@@ -177,6 +187,7 @@ class StartedResult(BaseModel):
     run_id: str
     status: RunStatus
     environment: str
+    dataset_id: str | None = None
     backend: Backend
     config: dict[str, Any]
     wandb_project: str | None

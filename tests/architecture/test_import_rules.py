@@ -15,7 +15,7 @@ ALLOWED: dict[str, set[str]] = {
     "trajectories": set(),
     "supervisor": set(),
     "trainer": {"trajectories"},
-    "environments": set(),
+    "environments": {"trajectories"},
     "service": {"supervisor", "trainer", "trajectories"},
 }
 # third-party modules a package must never import, with the reason

@@ -193,3 +193,15 @@ def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settin
         ]
         ended = rlctl(live.base_url, "jobs", "cancel", job_id)
         assert ended.returncode == 1 and "409 INVALID_STATE" in ended.stderr
+
+
+def test_dataset_runs_and_evaluations_from_the_cli_send_the_same_request_models(tmp_path: Path) -> None:
+    with live_service(sqlite_settings(tmp_path, api_token=TOKEN)) as live:
+        unknown = rlctl(live.base_url, "runs", "start", "--dataset", "nope", "--held-out", "0.2", token=TOKEN)
+        assert unknown.returncode == 1 and "404 DATASET_NOT_FOUND" in unknown.stderr
+        online = rlctl(live.base_url, "runs", "start", "--dataset", "nope", "--mode", "online", token=TOKEN)
+        assert online.returncode == 1 and "404 DATASET_NOT_FOUND" in online.stderr  # looked up before its rewards
+        neither = rlctl(live.base_url, "runs", "start", token=TOKEN)
+        assert neither.returncode == 1 and "422 VALIDATION_ERROR" in neither.stderr  # environment or dataset
+        evaluation = rlctl(live.base_url, "eval", "nope", "--reward", "echo", "--samples", "2", token=TOKEN)
+        assert evaluation.returncode == 1 and "404 RUN_NOT_FOUND" in evaluation.stderr

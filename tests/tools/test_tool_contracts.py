@@ -29,6 +29,8 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "rl_stop_training": {"run_id": "nosuchrun"},
     "rl_get_results": {"run_id": "nosuchrun"},
     "rl_list_runs": {},
+    "rl_evaluate": {"run_id": "nosuchrun"},
+    "rl_get_evaluation": {"evaluation_id": "nosuchevaluation"},
     "rl_test_inference": {},
     "rl_get_inference_test": {"test_id": "nosuchtest"},
     "rl_upload_dataset": {"name": "contracts", "content": json.dumps({"messages": [{"role": "user", "content": "1"}]})},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -78,6 +79,23 @@ def test_step_metrics_are_over_completion_tokens() -> None:
     assert metrics["advantages/mean"] == 0.0 and metrics["advantages/std"] == pytest.approx(0.5)
     assert metrics["train/learning_rate"] == 0.01
     assert all(math.isfinite(value) for value in metrics.values())
+
+
+def test_logprob_difference_is_reference_minus_training() -> None:
+    batch = prepare_batch([group([1.0, 0.0])], 100)
+    training = [[0.0, -1.25, -2.25], [0.0, -1.25, -2.25]]  # each completion token 0.25 below the sampler
+    sampler = [-1.0, -2.0, -1.0, -2.0]
+    metrics = step_metrics(batch, training, loss_sum=0.0, learning_rate=0.01)
+    expected = statistics.fmean(s - t for s, t in zip(sampler, [-1.25, -2.25, -1.25, -2.25], strict=True))
+    assert metrics["logprobs/diff"] == pytest.approx(expected) == pytest.approx(0.25)
+
+
+def test_advantages_are_normalised_only_when_asked() -> None:
+    plain = prepare_batch([group([1.0, 0.0, 0.0, 0.0])], 100)
+    normalised = prepare_batch([group([1.0, 0.0, 0.0, 0.0])], 100, normalize_by_std=True)
+    assert plain.trained_advantages == [0.75, -0.25, -0.25, -0.25]
+    std = statistics.pstdev([1.0, 0.0, 0.0, 0.0])
+    assert normalised.trained_advantages == pytest.approx([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std])
 
 
 def test_importance_sampling_weighs_the_advantage_by_the_unclipped_ratio() -> None:

@@ -1,0 +1,63 @@
+"""HTTP models of evaluations: the base model against a run's checkpoints on the same prompts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.datasets.schemas import RewardSpec
+from service.jobs.runner import JobStatus
+from service.jobs.schemas import JobProgress
+from service.names import NAME_PATTERN
+from service.runs.schemas import PromptSplit
+
+FIELD_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+
+
+class EvaluationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(pattern=NAME_PATTERN, description="The run whose base model and checkpoints are compared.")
+    steps: list[int] | None = Field(
+        None, min_length=1, max_length=8, description="Checkpoint steps to compare with the base; default: the newest."
+    )
+    split: PromptSplit = Field("held_out", description="The run's prompts to answer (GET /runs/{id}/prompts).")
+    rewards: list[RewardSpec] | None = Field(
+        None, min_length=1, max_length=16, description="How completions are scored; default: the run's own rewards."
+    )
+    answer_field: str = Field("answer", pattern=FIELD_PATTERN, description="Metadata field of the expected answer.")
+    samples_per_prompt: int = Field(4, ge=1, le=64, description="Completions per prompt and model.")
+    max_prompts: int = Field(100, ge=1, le=1000, description="The split's first prompts, at most this many.")
+    max_tokens: int = Field(16, ge=1, le=4096, description="Most tokens of a completion.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Sampling and bootstrap seed.")
+
+
+class ModelResult(BaseModel):
+    name: str = Field(description="base, or step_N")
+    weights: str | None = Field(description="The checkpoint's adapter directory; null for the base model.")
+    mean_reward: float = Field(description="Mean over prompts of each prompt's mean reward.")
+    samples: int
+    difference: float | None = Field(description="Mean reward minus the base's, paired by prompt; null for base.")
+    interval: list[float] | None = Field(description="95 % percentile bootstrap interval of the difference.")
+    win_rate: float | None = Field(description="Share of prompts where this model's mean beats the base's (ties 1/2).")
+    wins: int | None = None
+    ties: int | None = None
+    losses: int | None = None
+
+
+class PromptResult(BaseModel):
+    prompt_index: int
+    group_key: str
+    rewards: dict[str, float] = Field(description="Model name → mean reward of its samples on this prompt.")
+
+
+class EvaluationOut(BaseModel):
+    id: str
+    status: JobStatus
+    progress: JobProgress
+    request: dict[str, Any]
+    models: list[ModelResult] | None = Field(None, description="Once it has succeeded.")
+    prompts: list[PromptResult] | None = Field(None, description="Once it has succeeded: per-prompt results.")
+    error: str | None = None

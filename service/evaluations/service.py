@@ -1,0 +1,104 @@
+"""Evaluations (docs/EVALUATIONS.md): sample the base model and a run's checkpoints on the same prompts, score
+every completion with the same rewards, and compare. Each evaluation is a job of kind `evaluation`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.context import AppContext
+from service.datasets.schemas import RewardSpec
+from service.datasets.service import check_rewards
+from service.db.models import Run
+from service.db.rows import load_row
+from service.errors import Conflict, InvalidState, NotFound, RunNotFound, ValidationFailed
+from service.evaluations.schemas import EvaluationOut, EvaluationRequest, ModelResult, PromptResult
+from service.jobs.service import get_job
+from service.runs import datasets as dataset_runs
+from service.runs.paths import RunPaths
+
+KIND = "evaluation"
+BASE = "base"
+
+
+class EvaluationNotFound(NotFound):
+    code = "EVALUATION_NOT_FOUND"
+    subject, id_field = "evaluation", "evaluation_id"
+
+
+class BackendUnsupported(Conflict):
+    code = "BACKEND_UNSUPPORTED"
+
+
+# --- start and read ---
+
+
+def start_evaluation(ctx: AppContext, request: EvaluationRequest) -> EvaluationOut:
+    """Check everything the job will need, then submit it (202)."""
+    plan = _plan(ctx, request)
+    job_id = ctx.jobs.submit(KIND, {**request.model_dump(mode="json"), **plan}, total=_total(plan, request))
+    return get_evaluation(ctx, job_id)
+
+
+def get_evaluation(ctx: AppContext, evaluation_id: str) -> EvaluationOut:
+    try:
+        job = get_job(ctx, evaluation_id)
+    except NotFound:
+        raise EvaluationNotFound.for_id(evaluation_id) from None
+    if job.kind != KIND:
+        raise EvaluationNotFound.for_id(evaluation_id)
+    result = job.result or {}
+    request = {k: v for k, v in job.params.items() if k in EvaluationRequest.model_fields}
+    return EvaluationOut(
+        id=job.id,
+        status=job.status,
+        progress=job.progress,
+        request=request,
+        models=[ModelResult.model_validate(m) for m in result["models"]] if "models" in result else None,
+        prompts=[PromptResult.model_validate(p) for p in result["prompts"]] if "prompts" in result else None,
+        error=job.error,
+    )
+
+
+def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
+    with ctx.db.session() as session:
+        run = load_row(session, Run, request.run_id, RunNotFound)
+        backend, config, status = run.backend, run.config, run.status
+    if backend != "local":
+        raise BackendUnsupported(
+            "evaluations sample local checkpoints; a tinker run's weights are sampled through Tinker",
+            {"run_id": request.run_id, "backend": backend},
+        )
+    paths = RunPaths(ctx.settings.data_path, request.run_id)
+    checkpoints = {c["step"]: c["weights"] for c in (paths.read_trainer_state() or {}).get("checkpoints") or []}
+    if not checkpoints:
+        raise InvalidState(f"run {request.run_id} has no checkpoint yet", {"run_id": request.run_id, "status": status})
+    steps = request.steps or [max(checkpoints)]
+    missing = [step for step in steps if step not in checkpoints]
+    if missing:
+        raise ValidationFailed(
+            f"run {request.run_id} has no checkpoint at step(s) {missing}",
+            {"field": "steps", "available": sorted(checkpoints)},
+        )
+    prompts, _total = dataset_runs.read_prompts(paths.run_dir, request.split, 0, request.max_prompts)
+    if not prompts:
+        raise ValidationFailed(
+            f"run {request.run_id} has no {request.split} prompts (a run of a dataset with a held-out share has)",
+            {"field": "split", "run_id": request.run_id},
+        )
+    rewards = [r.model_dump() for r in request.rewards] if request.rewards else (config.get("env") or {}).get("rewards")
+    if not rewards:
+        raise ValidationFailed("name the rewards: the run has none of its own", {"field": "rewards"})
+    check_rewards(ctx, [RewardSpec(name=r["name"], weight=r.get("weight", 1.0)) for r in rewards])
+    tinker = config.get("tinker") or {}
+    return {
+        "rewards": [{"name": r["name"], "weight": r.get("weight", 1.0)} for r in rewards],
+        "models": [{"name": BASE, "adapter": None}]
+        + [{"name": f"step_{step}", "adapter": checkpoints[step]} for step in steps],
+        "base_model": tinker.get("base_model"),
+        "tokenizer_name": (config.get("env") or {}).get("tokenizer_name"),
+        "lora_rank": tinker.get("lora_rank"),
+    }
+
+
+def _total(plan: dict[str, Any], request: EvaluationRequest) -> int:
+    return len(plan["models"]) * request.max_prompts * request.samples_per_prompt
