@@ -37,7 +37,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 def newest_first_page(
     session: Session,
-    query: Select[Any],
+    query: Select[*tuple[Any, ...]],
     model: Any,
     limit: int,
     cursor: str | None,
@@ -59,6 +59,6 @@ def newest_first_page(
     return [to_record(row) for row in page], next_cursor
 
 
-def _selects_entity(query: Select[Any], model: Any) -> bool:
+def _selects_entity(query: Select[*tuple[Any, ...]], model: Any) -> bool:
     descriptions = query.column_descriptions
     return len(descriptions) == 1 and descriptions[0]["expr"] is model

@@ -49,20 +49,22 @@ LIVE_STATUS = {
     Liveness.DEAD: ProcessStatus.EXITED,
     Liveness.UNKNOWN: ProcessStatus.UNKNOWN,
 }
-# What a listing returns, and so all it loads: not the config (kilobytes of JSON per run) but its one field.
+# What a listing returns, and so all it loads: never the config (kilobytes of JSON per run). Its one field shown,
+# total_steps, is read out of the page's runs alone, by id: in the listing's own query the database may compute it
+# for every run matching the filter before it sorts them (PostgreSQL does when it has no statistics yet).
 SUMMARY_COLUMNS = (
     Run.id,
     Run.environment,
     Run.backend,
     Run.status,
     Run.last_step,
-    Run.config[("tinker", "total_steps")].as_integer().label("total_steps"),
     Run.stalled,
     Run.wandb_run_name,
     Run.created_at,
     Run.started_at,
     Run.ended_at,
 )
+TOTAL_STEPS = Run.config[("tinker", "total_steps")].as_integer()
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -181,12 +183,20 @@ def list_runs(
     if environment:
         query = query.where(Run.environment == environment)
     with ctx.db.read() as session:
-        records, next_cursor = newest_first_page(session, query, Run, limit, cursor, _summary_of_row)
+        rows, next_cursor = newest_first_page(session, query, Run, limit, cursor, _same_row)
+        total_steps = _total_steps(session, [row.id for row in rows])
+    records = [RunSummary.model_validate({**row._mapping, "total_steps": total_steps.get(row.id)}) for row in rows]
     return RunList(runs=records, count=len(records), next_cursor=next_cursor)
 
 
-def _summary_of_row(row: Row[Any]) -> RunSummary:
-    return RunSummary.model_validate(row._mapping)
+def _same_row(row: Row[Any]) -> Row[Any]:
+    return row
+
+
+def _total_steps(session: Session, run_ids: list[str]) -> dict[str, int | None]:
+    if not run_ids:
+        return {}
+    return {run_id: steps for run_id, steps in session.execute(select(Run.id, TOTAL_STEPS).where(Run.id.in_(run_ids)))}
 
 
 def _summary_fields(run: Run) -> dict[str, Any]:
