@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 from starlette.types import Scope
 
-from service.auth import require_token
+from service.auth.guard import authenticate
 from service.collections import jobs as collection_jobs
 from service.collections import routes as collection_routes
 from service.context import AppContext, build_context
@@ -42,8 +42,10 @@ logger = logging.getLogger("rlctl")
 API_DESCRIPTION = """\
 REST control plane for reinforcement-learning fine-tuning of language models on Tinker + Atropos.
 
-Every route but `/healthz`, `/readyz` and the docs needs `Authorization: Bearer $RLCTL_API_TOKEN` when the
-server has a token. Errors share one body: `{"error": {"code", "message", "details"}}`.
+Every route but `/healthz`, `/readyz` and the docs needs `Authorization: Bearer <token>` when the server has a
+token: `RLCTL_API_TOKEN` (every scope) or one of the tokens file, whose scopes (read, operate, admin) each route
+names; a token without the scope gets 403 `INSUFFICIENT_SCOPE`.
+Errors share one body: `{"error": {"code", "message", "details"}}`.
 """
 
 
@@ -91,7 +93,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(ui_router)  # a static page; its API calls carry the token
-    protected = [Depends(require_token)]
+    protected = [Depends(authenticate)]
     app.include_router(environments_router, dependencies=protected)
     app.include_router(runs_router, dependencies=protected)
     app.include_router(run_logs_router, dependencies=protected)

@@ -41,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=cmd_model_init_tiny)
 
+    tokens = commands.add_parser("tokens", help="API tokens with scopes (docs/AUTH.md)").add_subparsers(
+        title="tokens commands"
+    )
+    create = tokens.add_parser("create", help="create a token: printed once, only its hash is stored")
+    create.add_argument("--name", required=True)
+    create.add_argument("--scope", action="append", required=True, help="read, operate or admin (repeatable)")
+    create.set_defaults(handler=cmd_tokens_create)
+    tokens.add_parser("list", help="names, scopes and creation times").set_defaults(handler=cmd_tokens_list)
+    revoke = tokens.add_parser("revoke", help="revoke a token by name (takes effect at once)")
+    revoke.add_argument("name")
+    revoke.set_defaults(handler=cmd_tokens_revoke)
+
     add_client_commands(parser, commands)  # envs, runs, jobs, datasets, inference-test: over HTTP
     return parser
 
@@ -49,11 +61,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app
-    from service.auth import is_loopback
+    from service.auth.guard import is_loopback
+    from service.auth.tokens import TokenStore
     from service.observability import configure_logging
 
     settings = Settings()
-    if settings.api_token is None and not is_loopback(args.host):
+    if settings.api_token is None and not TokenStore(settings.tokens_path).exists() and not is_loopback(args.host):
         print(
             f"refusing to listen on {args.host} without RLCTL_API_TOKEN: set a token, or bind to 127.0.0.1",
             file=sys.stderr,
@@ -61,6 +74,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level, settings.log_format, settings.secret_values)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
+    return 0
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    from service.auth.scopes import parse_scopes
+    from service.auth.tokens import TokenFileError, TokenStore
+
+    try:
+        token = TokenStore(Settings().tokens_path).create(args.name, parse_scopes(args.scope))
+    except (TokenFileError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(token)  # the only time the token is shown: the file keeps its hash
+    return 0
+
+
+def cmd_tokens_list(_args: argparse.Namespace) -> int:
+    from service.auth.tokens import TokenFileError, TokenStore
+
+    try:
+        entries = TokenStore(Settings().tokens_path).entries()
+    except TokenFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for entry in entries:
+        print(f"{entry.name}\t{','.join(s.value for s in entry.scopes)}\t{entry.created_at}")
+    return 0
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    from service.auth.tokens import TokenFileError, TokenStore
+
+    try:
+        TokenStore(Settings().tokens_path).revoke(args.name)
+    except TokenFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"revoked {args.name}")
     return 0
 
 

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass
 from typing import IO, Any
 
+from service.auth.tokens import TokenStore
 from service.db.engine import Database
 from service.environments.catalog import EnvironmentCatalog, child_process_environment
 from service.settings import SECRET_ENV_NAMES, Settings
@@ -19,6 +20,7 @@ class AppContext:
     db: Database
     catalog: EnvironmentCatalog
     replica_id: str
+    tokens: TokenStore
     runs: Any = None  # the RunManager, set by the app (it needs the context to exist first)
     jobs: Any = None  # the JobRunner, likewise
     _lock_file: IO[str] | None = None
@@ -66,4 +68,5 @@ def build_context(settings: Settings) -> AppContext:
         db=Database(settings.sqlalchemy_url),
         catalog=catalog,
         replica_id=replica_identity(settings),
+        tokens=TokenStore(settings.tokens_path),
     )

@@ -109,3 +109,37 @@ class BackendUnavailable(ServiceError):
 
     status_code = 409
     code = "BACKEND_UNAVAILABLE"
+
+
+class InsufficientScope(ServiceError):
+    """The token is valid but lacks the scope the route or tool needs (docs/AUTH.md#scopes)."""
+
+    status_code = 403
+    code = "INSUFFICIENT_SCOPE"
+
+
+class PreconditionFailed(ServiceError):
+    """If-Match named another version than the current one: someone else changed it (no lost update)."""
+
+    status_code = 412
+    code = "PRECONDITION_FAILED"
+
+
+class EnvironmentInvalid(ValidationFailed):
+    """Environment source that failed validation; details.validation says which check and why."""
+
+    code = "ENVIRONMENT_INVALID"
+
+
+class EnvironmentNotManaged(Conflict):
+    """A shipped (or operator-installed) environment: the API does not change or delete it."""
+
+    code = "ENVIRONMENT_NOT_MANAGED"
+
+
+class EnvironmentInUse(Conflict):
+    code = "ENVIRONMENT_IN_USE"
+
+
+class EnvironmentVersionNotFound(NotFound):
+    code = "ENVIRONMENT_VERSION_NOT_FOUND"

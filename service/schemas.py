@@ -48,8 +48,10 @@ def json_error_responses(*status_codes: int) -> Responses:
 _DESCRIPTIONS = {
     400: "Bad request",
     401: "Missing or wrong bearer token",
+    403: "The token lacks the scope this needs (INSUFFICIENT_SCOPE)",
     404: "Not found",
     409: "Conflict with the current state",
+    412: "If-Match names another version than the current one",
     413: "Request body too large",
     422: "Invalid input",
     429: "Rate limited",

@@ -65,7 +65,10 @@ class Settings(BaseSettings):
     # --- service ---
     data_dir: Path = Field(Path("./var"), description="Where the database, runs and logs live.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in the data dir.")
-    api_token: SecretStr | None = Field(None, description="Bearer token required on every API call.")
+    api_token: SecretStr | None = Field(None, description="Bearer token with every scope (admin).")
+    tokens_file: Path | None = Field(
+        None, description="Scoped tokens (names, scopes, hashes); default tokens.json in the data dir."
+    )
     environment_dirs: str = Field("", description="Extra environment directories, ':'-separated.")
     status_check_interval_s: float = Field(1800, ge=0, description="Minimum time between live status checks.")
     gsm8k_path: Path | None = Field(None, description="Directory with GSM8K train.jsonl and test.jsonl.")
@@ -167,13 +170,26 @@ class Settings(BaseSettings):
         return self.data_dir.expanduser().resolve()
 
     @property
+    def tokens_path(self) -> Path:
+        return (self.tokens_file or self.data_path / "tokens.json").expanduser().resolve()
+
+    @property
     def sqlalchemy_url(self) -> str:
         return normalize_database_url(self.database_url or f"sqlite:///{self.data_path / 'rlctl.db'}")
 
     @property
     def environment_directories(self) -> list[Path]:
         extra = [Path(p).expanduser().resolve() for p in self.environment_dirs.split(os.pathsep) if p.strip()]
-        return [BUILTIN_ENVIRONMENTS_DIR, *extra]
+        return [BUILTIN_ENVIRONMENTS_DIR, *extra, self.managed_environments_dir]
+
+    @property
+    def managed_environments_dir(self) -> Path:
+        """Environments written through the API (docs/ENVIRONMENTS.md#writing-environments); scanned last."""
+        return self.data_path / "environments"
+
+    @property
+    def environment_versions_dir(self) -> Path:
+        return self.data_path / "environment_versions"
 
     @property
     def tiny_model_dir(self) -> Path:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
+from service.auth.guard import OPERATE, READ
 from service.collections import service
 from service.collections.schemas import (
     CollectionItemsPage,
@@ -23,7 +24,7 @@ from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
 from service.settings import Settings
 
-router = APIRouter(prefix="/collections", tags=["collections"], responses=error_responses(401))
+router = APIRouter(prefix="/collections", tags=["collections"], responses=error_responses(401, 403))
 CollectionId = Annotated[str, name_path("Collection id, as returned by POST /collections.")]
 
 
@@ -40,6 +41,7 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
     status_code=202,
     summary="Collect trajectories (batch runner)",
     responses=error_responses(413, 422),
+    dependencies=[OPERATE],
 )
 async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> CollectionOut:
     """Runs an OpenAI-compatible chat model with tools over the prompts, `runs_per_prompt` times each, with
@@ -49,7 +51,9 @@ async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> Collecti
     return await run_in_threadpool(service.create_collection, ctx, body)
 
 
-@router.get("", response_model=CollectionList, summary="List collections", responses=error_responses(422))
+@router.get(
+    "", response_model=CollectionList, summary="List collections", responses=error_responses(422), dependencies=[READ]
+)
 async def list_collections(
     ctx: Ctx,
     status: Annotated[CollectionStatus | None, Query(description="Only collections in this state.")] = None,
@@ -61,7 +65,11 @@ async def list_collections(
 
 
 @router.get(
-    "/{collection_id}", response_model=CollectionOut, summary="Get a collection", responses=error_responses(404, 422)
+    "/{collection_id}",
+    response_model=CollectionOut,
+    summary="Get a collection",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Status, progress (kept, discarded, failed, pending), the job and, once completed, the dataset."""
@@ -73,6 +81,7 @@ async def get_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut
     response_model=CollectionItemsPage,
     summary="List a collection's recorded items",
     responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def list_collection_items(
     ctx: Ctx,
@@ -90,6 +99,7 @@ async def list_collection_items(
     response_model=CollectionOut,
     summary="Cancel a collection",
     responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
 )
 async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Stops starting trajectories; running ones stop at their next turn and stay pending. 409 when not running."""
@@ -102,6 +112,7 @@ async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> Collection
     status_code=202,
     summary="Resume a collection",
     responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
 )
 async def resume_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Runs every pair without a kept or discarded outcome (failed ones again). 409 unless cancelled or failed."""

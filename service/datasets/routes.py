@@ -15,6 +15,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
+from service.auth.guard import OPERATE, READ
 from service.context import AppContext
 from service.datasets import service
 from service.datasets.schemas import (
@@ -44,7 +45,7 @@ from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses, json_error_responses, response
 from service.settings import Settings
 
-router = APIRouter(prefix="/datasets", tags=["datasets"], responses=error_responses(401))
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=error_responses(401, 403))
 # Downloads answer JSON Lines; their errors stay JSON, so they are documented apart from the router's.
 downloads_router = APIRouter(prefix="/datasets", tags=["datasets"])
 DatasetId = Annotated[str, name_path("Dataset id, as returned by POST /datasets or a job's result.")]
@@ -85,6 +86,7 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
     summary="Upload a dataset",
     openapi_extra=_UPLOAD_BODY,
     responses=error_responses(404, 413, 422),
+    dependencies=[OPERATE],
 )
 async def upload_dataset(
     ctx: Ctx,
@@ -108,7 +110,9 @@ async def upload_dataset(
         upload.close()
 
 
-@router.get("", response_model=DatasetList, summary="List datasets", responses=error_responses(422))
+@router.get(
+    "", response_model=DatasetList, summary="List datasets", responses=error_responses(422), dependencies=[READ]
+)
 async def list_datasets(
     ctx: Ctx,
     name: Annotated[str | None, Query(pattern=NAME_PATTERN, description="Only datasets with this name.")] = None,
@@ -121,13 +125,25 @@ async def list_datasets(
     return await run_in_threadpool(service.list_datasets, ctx, name, operation, parent_id, limit, cursor)
 
 
-@router.get("/{dataset_id}", response_model=DatasetOut, summary="Get a dataset", responses=error_responses(404, 422))
+@router.get(
+    "/{dataset_id}",
+    response_model=DatasetOut,
+    summary="Get a dataset",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
+)
 async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> DatasetOut:
     """Counts, lineage (parent, operation, parameters) and the operation's report."""
     return await run_in_threadpool(service.get_dataset, ctx, dataset_id)
 
 
-@router.delete("/{dataset_id}", status_code=204, summary="Delete a dataset", responses=error_responses(404, 409, 422))
+@router.delete(
+    "/{dataset_id}",
+    status_code=204,
+    summary="Delete a dataset",
+    responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
+)
 async def delete_dataset(ctx: Ctx, dataset_id: DatasetId) -> Response:
     """Removes the dataset and its files; datasets derived from it keep their `parent_id`. 409 while a job
     still reads it."""
@@ -140,6 +156,7 @@ async def delete_dataset(ctx: Ctx, dataset_id: DatasetId) -> Response:
     response_model=RecordsPage,
     summary="Page through records",
     responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_records(
     ctx: Ctx,
@@ -156,6 +173,7 @@ async def get_records(
     response_model=DatasetStatsOut,
     summary="Dataset statistics",
     responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_stats(ctx: Ctx, dataset_id: DatasetId) -> DatasetStatsOut:
     """Tool calls with success and failure rates, reasoning coverage, completion rate, API calls, token and
@@ -168,6 +186,7 @@ async def get_stats(ctx: Ctx, dataset_id: DatasetId) -> DatasetStatsOut:
     response_model=MetricsPage,
     summary="Per-record compression metrics",
     responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_compression_metrics(
     ctx: Ctx,
@@ -184,7 +203,8 @@ async def get_compression_metrics(
     "/{dataset_id}/export",
     summary="Download the records",
     response_class=StreamingResponse,
-    responses=response(200, "JSON Lines", media_type=JSONL) | json_error_responses(401, 404, 422),
+    responses=response(200, "JSON Lines", media_type=JSONL) | json_error_responses(401, 403, 404, 422),
+    dependencies=[READ],
 )
 async def export_dataset(
     ctx: Ctx,
@@ -202,7 +222,9 @@ async def export_dataset(
     "/{dataset_id}/exports/{export_id}",
     summary="Download a GRPO export",
     response_class=FileResponse,
-    responses=response(200, "JSON Lines, one group per line", media_type=JSONL) | json_error_responses(401, 404, 422),
+    responses=response(200, "JSON Lines, one group per line", media_type=JSONL)
+    | json_error_responses(401, 403, 404, 422),
+    dependencies=[READ],
 )
 async def download_export(ctx: Ctx, dataset_id: DatasetId, export_id: ExportId) -> FileResponse:
     """One line per prompt group: prompt, rewards, advantages and the group's trajectories."""
@@ -216,6 +238,7 @@ async def download_export(ctx: Ctx, dataset_id: DatasetId, export_id: ExportId) 
     status_code=202,
     summary="Filter into a derived dataset",
     responses=error_responses(404, 413, 422),
+    dependencies=[OPERATE],
 )
 async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -> JobOut:
     """Drops records without reasoning, incomplete ones, ones calling tools outside `allowed_tools`, and ones
@@ -229,6 +252,7 @@ async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -
     status_code=202,
     summary="Compress into a derived dataset",
     responses=error_responses(404, 409, 413, 422),
+    dependencies=[OPERATE],
 )
 async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressRequest) -> JobOut:
     """Brings each record under `target_max_tokens` (15250) by summarising as little of its middle as needed
@@ -244,6 +268,7 @@ async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressReques
     status_code=202,
     summary="Score into a derived dataset",
     responses=error_responses(404, 413, 422),
+    dependencies=[OPERATE],
 )
 async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> JobOut:
     """Weighted reward functions: `correctness` (2.0 when the record's `answer_field` is in the final answer),
@@ -258,6 +283,7 @@ async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> 
     status_code=202,
     summary="Export for GRPO",
     responses=error_responses(404, 413, 422),
+    dependencies=[OPERATE],
 )
 async def export_grpo(ctx: Ctx, dataset_id: DatasetId, body: GrpoExportRequest) -> JobOut:
     """Groups scored records by prompt with their rewards and group-relative advantages (sorted on disk).

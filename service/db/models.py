@@ -56,6 +56,8 @@ class Run(Base):
     weights: Mapped[str | None] = mapped_column(String(1024))
     ports: Mapped[dict[str, Any]] = mapped_column(default=dict)
     owner_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_by: Mapped[str | None] = mapped_column(String(128))  # the name of the token that created it
+    environment_hash: Mapped[str | None] = mapped_column(String(64))  # SHA-256 of the environment's source
     heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -75,6 +75,16 @@ class EnvironmentCatalog:
                 del self._scans[stale]
         return resolve_environments(scans)
 
+    def scans(self) -> list[FileScan]:
+        """Every environment file as read now (cached by signature), for checks that need the whole picture."""
+        files = environment_files(self._directories())
+        with self._lock:
+            return [self._scan(path) for path in files]
+
+    def introspect(self, env: EnvironmentInfo) -> ConfigSchema:
+        """Import the environment in a child process now, without caching (a candidate file being validated)."""
+        return self._introspect(env)
+
     def get(self, name: str) -> EnvironmentInfo:
         validate_name(name, "environment name")
         environments, _ = self.discover()
@@ -146,7 +156,10 @@ class EnvironmentCatalog:
             result = _read_result(output)
         if not result or not result.get("ok"):
             reason = (result or {}).get("error") or _tail(completed.stderr)
-            raise EnvironmentLoadFailed(f"environment {env.name!r} could not be loaded: {reason}", {"name": env.name})
+            trace = (result or {}).get("traceback") or _tail(completed.stderr, 20).split(" | ")
+            raise EnvironmentLoadFailed(
+                f"environment {env.name!r} could not be loaded: {reason}", {"name": env.name, "traceback": trace}
+            )
         return ConfigSchema(
             config_class=result["config_class"],
             fields=tuple(FieldSchema(**f) for f in result["fields"]),

@@ -63,7 +63,7 @@ def resolve_environments(
 ) -> tuple[list[EnvironmentInfo], list[DiscoveryError]]:
     """Environment classes across all scans, and the errors (unparsable files, duplicate names)."""
     scans = list(scans)
-    env_class_names = _environment_class_names(scans)
+    env_class_names = environment_class_names(scans)
     environments: list[EnvironmentInfo] = []
     errors: list[DiscoveryError] = []
     seen: dict[str, EnvironmentInfo] = {}
@@ -106,7 +106,7 @@ def environment_files(directories: Iterable[Path]) -> list[Path]:
     return files
 
 
-def _environment_class_names(scans: list[FileScan]) -> set[str]:
+def environment_class_names(scans: list[FileScan]) -> set[str]:
     """Fixpoint over base names: BaseEnv subclasses, then their subclasses, across files."""
     found = {ROOT_BASE}
     classes = [info for scan in scans for info in scan.classes]

@@ -12,10 +12,13 @@ import enum
 import importlib.util
 import json
 import sys
+import traceback
 import types
 import typing
 from pathlib import Path
 from typing import Any
+
+TRACEBACK_LINES = 20  # the tail an author sees when their environment fails to import
 
 
 def describe(file_path: Path, class_name: str) -> dict[str, Any]:
@@ -87,7 +90,11 @@ def main(argv: list[str]) -> int:
     try:
         result: dict[str, Any] = {"ok": True, **describe(file_path, class_name)}
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, nothing raised
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        result = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc().strip().splitlines()[-TRACEBACK_LINES:],
+        }
     output.write_text(json.dumps(result, default=_json_default))
     return 0
 

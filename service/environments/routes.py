@@ -4,25 +4,32 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import ADMIN, READ
 from service.deps import Ctx
-from service.environments import service
+from service.environments import authoring, service
 from service.environments.schemas import (
     ConfigPreview,
     ConfigPreviewRequest,
+    EnvironmentDeleted,
     EnvironmentDetail,
     EnvironmentList,
+    EnvironmentSource,
+    EnvironmentVersions,
+    EnvironmentWritten,
+    RollbackRequest,
+    WriteEnvironmentRequest,
 )
 from service.names import EnvironmentName
 from service.schemas import error_responses
 from service.settings import Backend
 
-router = APIRouter(prefix="/environments", tags=["environments"], responses=error_responses(401))
+router = APIRouter(prefix="/environments", tags=["environments"], responses=error_responses(401, 403))
 
 
-@router.get("", response_model=EnvironmentList, summary="List the environments")
+@router.get("", response_model=EnvironmentList, summary="List the environments", dependencies=[READ])
 def list_environments(ctx: Ctx) -> EnvironmentList:
     """Every environment class found in the environment directories, and the files that could not be read."""
     return service.list_environments(ctx)
@@ -33,6 +40,7 @@ def list_environments(ctx: Ctx) -> EnvironmentList:
     response_model=EnvironmentDetail,
     summary="Describe an environment and its configuration",
     responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_environment(
     ctx: Ctx,
@@ -48,7 +56,93 @@ async def get_environment(
     response_model=ConfigPreview,
     summary="Preview a run's merged configuration",
     responses=error_responses(404, 413, 422),
+    dependencies=[READ],
 )
 async def preview_environment_config(ctx: Ctx, name: EnvironmentName, body: ConfigPreviewRequest) -> ConfigPreview:
     """Validate edits and show the merged config and YAML a run would get; nothing is stored."""
     return await run_in_threadpool(service.preview_config, ctx, name, body.config, body.backend)
+
+
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        max_length=200,
+        description="The hash (ETag) of the version the change is based on; `*`: it must exist. Else 412.",
+    ),
+]
+
+
+@router.get(
+    "/{name}/source",
+    response_model=EnvironmentSource,
+    summary="Read an environment's source",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
+)
+async def get_environment_source(ctx: Ctx, name: EnvironmentName, response: Response) -> EnvironmentSource:
+    """The file's source and its SHA-256 (also the ETag), shipped or managed."""
+    source = await run_in_threadpool(authoring.read_source, ctx, name)
+    response.headers["ETag"] = f'"{source.hash}"'
+    return source
+
+
+@router.put(
+    "/{name}",
+    response_model=EnvironmentWritten,
+    summary="Create or replace a managed environment",
+    responses=error_responses(404, 412, 413, 422),
+    dependencies=[ADMIN],
+)
+async def put_environment(
+    ctx: Ctx, name: EnvironmentName, body: WriteEnvironmentRequest, response: Response, if_match: IfMatch = None
+) -> EnvironmentWritten:
+    """Stored only after validation (parse, one BaseEnv subclass with this name, no clash with a shipped
+    environment, the config import in a child process); a failure is 422 `ENVIRONMENT_INVALID` with the
+    checks in `details.validation`. 201 when created, 200 when replaced. The code runs with the service's
+    privileges: admin scope only."""
+    written = await run_in_threadpool(authoring.write_environment, ctx, name, body, if_match)
+    response.status_code = 201 if written.created else 200
+    response.headers["ETag"] = f'"{written.hash}"'
+    return written
+
+
+@router.get(
+    "/{name}/versions",
+    response_model=EnvironmentVersions,
+    summary="List a managed environment's versions",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
+)
+async def list_environment_versions(ctx: Ctx, name: EnvironmentName) -> EnvironmentVersions:
+    """Every version written through the API, oldest first; `current` marks the live one."""
+    return await run_in_threadpool(authoring.list_versions, ctx, name)
+
+
+@router.post(
+    "/{name}/rollback",
+    response_model=EnvironmentWritten,
+    summary="Roll a managed environment back to an earlier version",
+    responses=error_responses(404, 412, 422),
+    dependencies=[ADMIN],
+)
+async def rollback_environment(
+    ctx: Ctx, name: EnvironmentName, body: RollbackRequest, response: Response, if_match: IfMatch = None
+) -> EnvironmentWritten:
+    """The chosen version's source becomes current as a new version, after the same validation as a write."""
+    written = await run_in_threadpool(authoring.rollback_environment, ctx, name, body, if_match)
+    response.headers["ETag"] = f'"{written.hash}"'
+    return written
+
+
+@router.delete(
+    "/{name}",
+    response_model=EnvironmentDeleted,
+    summary="Delete a managed environment",
+    responses=error_responses(404, 409, 412, 422),
+    dependencies=[ADMIN],
+)
+async def delete_environment(ctx: Ctx, name: EnvironmentName, if_match: IfMatch = None) -> EnvironmentDeleted:
+    """Removes an environment written through the API (its versions stay for a rollback). 409
+    `ENVIRONMENT_NOT_MANAGED` for a shipped one, 409 `ENVIRONMENT_IN_USE` while an active run uses it."""
+    return await run_in_threadpool(authoring.delete_environment, ctx, name, if_match)

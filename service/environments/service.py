@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.context import AppContext
+from service.environments import authoring
 from service.environments.discovery import EnvironmentInfo
 from service.environments.schemas import (
     CatalogError,
@@ -19,6 +20,11 @@ from service.environments.schemas import (
 from service.errors import ValidationFailed
 from service.runs import config as run_config
 from service.settings import Backend
+
+
+def source_hash(env: EnvironmentInfo) -> str:
+    """SHA-256 of the environment file as it is now: what a run records of the code it runs."""
+    return authoring.source_hash(env.file_path.read_bytes())
 
 
 def summary(env: EnvironmentInfo) -> EnvironmentSummary:

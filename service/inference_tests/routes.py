@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import OPERATE, READ
 from service.deps import Ctx
 from service.inference_tests import service
 from service.inference_tests.schemas import (
@@ -19,7 +20,7 @@ from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
 
-router = APIRouter(prefix="/inference-tests", tags=["inference tests"], responses=error_responses(401))
+router = APIRouter(prefix="/inference-tests", tags=["inference tests"], responses=error_responses(401, 403))
 InferenceTestId = Annotated[str, name_path("Inference test id, as returned by POST /inference-tests.")]
 
 
@@ -29,6 +30,7 @@ InferenceTestId = Annotated[str, name_path("Inference test id, as returned by PO
     status_code=202,
     summary="Start an inference test",
     responses=error_responses(404, 409, 413, 422),
+    dependencies=[OPERATE],
 )
 async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> InferenceTestOut:
     """Run the environment's own prompts and scoring on `num_steps` groups of `group_size` completions from each
@@ -40,7 +42,13 @@ async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> I
     return await run_in_threadpool(service.start_inference_test, ctx, body)
 
 
-@router.get("", response_model=InferenceTestList, summary="List inference tests", responses=error_responses(422))
+@router.get(
+    "",
+    response_model=InferenceTestList,
+    summary="List inference tests",
+    responses=error_responses(422),
+    dependencies=[READ],
+)
 async def list_inference_tests(
     ctx: Ctx,
     status: Annotated[InferenceTestStatus | None, Query(description="Only tests in this state.")] = None,
@@ -56,6 +64,7 @@ async def list_inference_tests(
     response_model=InferenceTestOut,
     summary="Get an inference test",
     responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_inference_test(ctx: Ctx, test_id: InferenceTestId) -> InferenceTestOut:
     """Status (queued, running, succeeded, failed, cancelled), progress while it runs, then the result:

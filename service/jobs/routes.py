@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import OPERATE, READ
 from service.deps import Ctx
 from service.jobs import service
 from service.jobs.runner import JobStatus
@@ -15,11 +16,13 @@ from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401))
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 403))
 JobId = Annotated[str, name_path("Job id, as returned by the operation that started it.")]
 
 
-@router.get("", response_model=JobList, summary="List background jobs", responses=error_responses(422))
+@router.get(
+    "", response_model=JobList, summary="List background jobs", responses=error_responses(422), dependencies=[READ]
+)
 async def list_jobs(
     ctx: Ctx,
     kind: Annotated[str | None, Query(max_length=32, description="Only jobs of this kind.")] = None,
@@ -31,14 +34,20 @@ async def list_jobs(
     return await run_in_threadpool(service.list_jobs, ctx, kind, status, limit, cursor)
 
 
-@router.get("/{job_id}", response_model=JobOut, summary="Get a job", responses=error_responses(404, 422))
+@router.get(
+    "/{job_id}", response_model=JobOut, summary="Get a job", responses=error_responses(404, 422), dependencies=[READ]
+)
 async def get_job(ctx: Ctx, job_id: JobId) -> JobOut:
     """Status (queued, running, succeeded, failed, cancelled), progress {done, total}, result or error."""
     return await run_in_threadpool(service.get_job, ctx, job_id)
 
 
 @router.post(
-    "/{job_id}/cancel", response_model=JobOut, summary="Cancel a job", responses=error_responses(404, 409, 422)
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    summary="Cancel a job",
+    responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
 )
 async def cancel_job(ctx: Ctx, job_id: JobId) -> JobOut:
     """A queued job ends at once; a running one stops at its next checkpoint. An ended job is a 409."""

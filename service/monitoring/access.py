@@ -107,13 +107,15 @@ class AccessMiddleware:
             "status": status,
             "duration_ms": duration_ms,
             "request_id": request_id_var.get(),
+            "token": scope.get("state", {}).get("token_name") or "-",  # its name, set by authentication
         }
         access_logger.info(
-            "%s %s %s %.1f ms route=%s",
+            "%s %s %s %.1f ms route=%s token=%s",
             method,
             scope["path"],
             status,
             duration_ms,
             route,
+            fields["token"],
             extra=fields,
         )

@@ -9,6 +9,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import READ
 from service.context import AppContext
 from service.monitoring.access import AccessMiddleware, HttpMetrics, RouteTemplates
 from service.monitoring.state import DatabaseStateCollector
@@ -31,7 +32,7 @@ def install_monitoring(app: FastAPI, context: AppContext, dependencies: Sequence
 def _metrics_router() -> APIRouter:
     router = APIRouter()
 
-    @router.get("/metrics", include_in_schema=False)
+    @router.get("/metrics", include_in_schema=False, dependencies=[READ])
     async def prometheus_metrics(request: Request) -> Response:
         """Prometheus text format; state gauges are read from the database now."""
         body = await run_in_threadpool(generate_latest, request.app.state.metrics_registry)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import OPERATE, READ
 from service.context import AppContext
 from service.deps import Ctx
 from service.names import name_path
@@ -29,7 +30,7 @@ from service.runs.schemas import (
 )
 from service.schemas import error_responses, json_error_responses, response
 
-router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401))
+router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401, 403))
 # Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.
 logs_router = APIRouter(prefix="/runs", tags=["runs"])
 RunId = Annotated[str, name_path("Run id, as returned by POST /runs.")]
@@ -42,6 +43,7 @@ FOLLOW_POLL_S = 0.25
     status_code=201,
     summary="Start a training run",
     responses=error_responses(404, 409, 413, 422),
+    dependencies=[OPERATE],
 )
 async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> RunOut:
     """Validate the config, record the run, then start its three processes (API, trainer, environment).
@@ -56,7 +58,7 @@ async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> Ru
     return run
 
 
-@router.get("", response_model=RunList, summary="List runs", responses=error_responses(422))
+@router.get("", response_model=RunList, summary="List runs", responses=error_responses(422), dependencies=[READ])
 async def list_runs(
     ctx: Ctx,
     status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
@@ -68,7 +70,13 @@ async def list_runs(
     return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor)
 
 
-@router.get("/{run_id}", response_model=RunOut, summary="Get a run's record", responses=error_responses(404, 422))
+@router.get(
+    "/{run_id}",
+    response_model=RunOut,
+    summary="Get a run's record",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
+)
 async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
     return await run_in_threadpool(service.get_run, ctx, run_id)
@@ -79,6 +87,7 @@ async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
     response_model=RunStatusOut,
     summary="Check a run live (rate limited)",
     responses=response(429, "Checked too recently; see Retry-After", model=RateLimitedBody) | error_responses(404, 422),
+    dependencies=[READ],
 )
 async def check_run_status(ctx: Ctx, run_id: RunId) -> RunStatusOut:
     """Processes, running time and latest metrics, looked at now. One check per run per
@@ -92,6 +101,7 @@ async def check_run_status(ctx: Ctx, run_id: RunId) -> RunStatusOut:
     response_model=RunOut,
     summary="Stop a run",
     responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
 )
 async def stop_run(
     ctx: Ctx,
@@ -104,7 +114,11 @@ async def stop_run(
 
 
 @router.get(
-    "/{run_id}/results", response_model=RunResults, summary="Get a run's results", responses=error_responses(404, 422)
+    "/{run_id}/results",
+    response_model=RunResults,
+    summary="Get a run's results",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_run_results(ctx: Ctx, run_id: RunId) -> RunResults:
     """Final metrics, metric history, checkpoints and the trained weights (local directory or tinker:// URI)."""
@@ -112,7 +126,11 @@ async def get_run_results(ctx: Ctx, run_id: RunId) -> RunResults:
 
 
 @router.get(
-    "/{run_id}/metrics", response_model=RunMetrics, summary="Get a run's metrics", responses=error_responses(404, 422)
+    "/{run_id}/metrics",
+    response_model=RunMetrics,
+    summary="Get a run's metrics",
+    responses=error_responses(404, 422),
+    dependencies=[READ],
 )
 async def get_run_metrics(
     ctx: Ctx,
@@ -129,7 +147,8 @@ async def get_run_metrics(
     "/{run_id}/logs/{process}",
     response_class=PlainTextResponse,
     summary="Read or follow a process's log",
-    responses=response(200, "Log lines") | json_error_responses(401, 404, 422),
+    responses=response(200, "Log lines") | json_error_responses(401, 403, 404, 422),
+    dependencies=[READ],
 )
 async def get_run_log(
     ctx: Ctx,

@@ -71,6 +71,8 @@ class RunWarning(BaseModel):
 
 
 class RunOut(RunSummary):
+    created_by: str | None = Field(description="The name of the token that created the run (never the token).")
+    environment_hash: str | None = Field(description="SHA-256 of the environment's source when the run was created.")
     config: dict[str, Any]
     config_path: str | None
     wandb_project: str | None

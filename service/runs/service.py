@@ -19,6 +19,7 @@ from service.db.rows import load_row
 from service.db.types import utcnow
 from service.environments import service as environments
 from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
+from service.observability import actor_var
 from service.pagination import DEFAULT_PAGE, newest_first_page
 from service.runs import config as run_config
 from service.runs import lifecycle, metrics, ratelimit
@@ -112,6 +113,8 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         wandb_run_name=merged["tinker"]["wandb_run_name"],
         ports=Ports(api_port, inference_port).to_dict(),
         owner_id=manager.replica_id,
+        created_by=actor_var.get(),
+        environment_hash=environments.source_hash(env),
         heartbeat_at=utcnow(),
     )
     try:
@@ -219,6 +222,8 @@ def run_record(ctx: AppContext, run: Run) -> RunOut:
     paths = RunPaths(ctx.settings.data_path, run.id)
     return RunOut(
         **_summary_fields(run),
+        created_by=run.created_by,
+        environment_hash=run.environment_hash,
         config=run.config,
         config_path=run.config_path,
         wandb_project=run.wandb_project,

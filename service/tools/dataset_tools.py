@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from service.auth.scopes import Scope
 from service.collections import service as collections
 from service.collections.schemas import CreateCollectionRequest
 from service.context import AppContext
@@ -117,6 +118,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         UploadedResult,
         upload_dataset,
         Hints(),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_list_datasets",
@@ -125,6 +127,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         DatasetsResult,
         list_datasets,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_dataset_stats",
@@ -134,6 +137,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         DatasetStatsOut,
         dataset_stats,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_compress_dataset",
@@ -145,6 +149,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         JobStartedResult,
         compress_dataset,
         Hints(),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_score_dataset",
@@ -155,6 +160,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         JobStartedResult,
         score_dataset,
         Hints(),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_export_grpo",
@@ -164,6 +170,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         JobStartedResult,
         export_grpo,
         Hints(),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_collect_trajectories",
@@ -173,6 +180,7 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         CollectionStartedResult,
         collect_trajectories,
         Hints(open_world=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_job",
@@ -182,5 +190,6 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         JobResult,
         get_job,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.auth.scopes import Scope
 from service.context import AppContext
 from service.inference_tests import service as inference_tests
 from service.inference_tests.schemas import DEFAULT_MODELS, CreateInferenceTestRequest
@@ -58,6 +59,7 @@ INFERENCE_TOOLS: tuple[Tool[Any], ...] = (
         InferenceStartedResult,
         test_inference,
         Hints(open_world=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_inference_test",
@@ -67,5 +69,6 @@ INFERENCE_TOOLS: tuple[Tool[Any], ...] = (
         InferenceTestReport,
         get_inference_test,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
 )

@@ -1,4 +1,4 @@
-"""The same tools over MCP (streamable HTTP at /mcp), through the official SDK, behind the API token.
+"""The same tools over MCP (streamable HTTP at /mcp), through the official SDK, behind the same tokens and scopes.
 
 Tools are listed with their input and output schemas and read-only / destructive / idempotent hints; a call
 runs the one implementation in service/tools/service.py, in the agent's tool session (X-Tool-Session).
@@ -17,19 +17,22 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from service.auth import token_matches
+from service.auth.guard import identify
+from service.auth.tokens import Principal
 from service.context import AppContext
-from service.errors import Unauthorized
+from service.errors import ServiceError
 from service.http import error_response
 from service.runs.ratelimit import describe_interval
 from service.settings import Settings
 from service.tools import service
 from service.tools.catalog import ALL_TOOLS
 from service.tools.registry import Tool, ToolNotFound
+from service.tools.service import authorize_tool
 
 INVALID_PARAMS = -32602
+TOOL_NAMES = frozenset(tool.name for tool in ALL_TOOLS)  # an unknown name stays MCP's own error
 
 
 def instructions(settings: Settings) -> str:
@@ -66,22 +69,22 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._authorized(scope):
-            error = Unauthorized("missing or wrong bearer token: send 'Authorization: Bearer <RLCTL_API_TOKEN>'")
+        try:
+            principal = identify(self.ctx, _header(scope, b"authorization"))
+            remember_in_scope(scope, principal)
+            if scope.get("method") == "POST":
+                body = await _read_body(receive)
+                for name in _called_tools(body):  # a scope problem is a 403, as on /tools
+                    if name in TOOL_NAMES:
+                        authorize_tool(principal, name)
+                receive = _replay(body, receive)
+        except ServiceError as error:
             await error_response(error)(scope, receive, send)
             return
         await self._app(scope, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
-        token = self.ctx.settings.api_token
-        if token is None:
-            return True
-        header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
-        scheme, _, given = header.partition(" ")
-        return scheme.lower() == "bearer" and token_matches(given.strip(), token.get_secret_value())
-
     def _transport_security(self) -> TransportSecuritySettings:
-        if self.ctx.settings.api_token is not None:
+        if self.ctx.settings.api_token is not None or self.ctx.tokens.exists():
             # Token-protected and possibly behind a proxy: the token, not the Host header, guards it.
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
         return TransportSecuritySettings(
@@ -90,15 +93,22 @@ class McpEndpoint:
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
 
-    async def _list_tools(self, _request: Any, _params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[mcp_tool(tool, self.ctx.settings) for tool in ALL_TOOLS])
+    def _principal(self, request: Any) -> Principal:
+        """The caller, identified again from the HTTP request the MCP message came in (checked in __call__)."""
+        http_request = getattr(request, "request", None)
+        return identify(self.ctx, http_request.headers.get("authorization") if http_request is not None else None)
+
+    async def _list_tools(self, request: Any, _params: Any) -> types.ListToolsResult:
+        tools = service.visible_tools(self._principal(request))
+        return types.ListToolsResult(tools=[mcp_tool(tool, self.ctx.settings) for tool in tools])
 
     async def _call_tool(self, request: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         http_request = getattr(request, "request", None)
         session_header = http_request.headers.get("x-tool-session") if http_request is not None else None
+        principal = self._principal(request)
         try:
             result = await anyio.to_thread.run_sync(
-                service.call_tool, self.ctx, params.name, params.arguments or {}, session_header
+                service.call_tool, self.ctx, params.name, params.arguments or {}, session_header, principal
             )
         except ToolNotFound as exc:
             raise MCPError(INVALID_PARAMS, exc.message, exc.details) from exc
@@ -122,3 +132,56 @@ def mcp_tool(tool: Tool[Any], settings: Settings) -> types.Tool:
             open_world_hint=tool.hints.open_world,
         ),
     )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    value = dict(scope.get("headers", [])).get(name)
+    return value.decode("latin-1") if value is not None else None
+
+
+def remember_in_scope(scope: Scope, principal: Principal) -> None:
+    """The acting token's name for the access log, as `remember` does for the routes."""
+    scope.setdefault("state", {})["token_name"] = principal.name
+
+
+async def _read_body(receive: Receive) -> bytes:
+    """The whole request body (the body-size limit around the app bounds it)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the body read before, then the connection's own messages (a disconnect)."""
+    sent = False
+
+    async def replaying() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replaying
+
+
+def _called_tools(body: bytes) -> list[str]:
+    """The tool names of the `tools/call` messages in a JSON-RPC body (one message or a batch)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return []  # the MCP server answers malformed JSON itself
+    messages = parsed if isinstance(parsed, list) else [parsed]
+    names = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("method") == "tools/call":
+            params = message.get("params")
+            if isinstance(params, dict) and isinstance(params.get("name"), str):
+                names.append(params["name"])
+    return names

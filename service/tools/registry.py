@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from service.auth.scopes import Scope
 from service.context import AppContext
 from service.errors import NotFound, ServiceError
 from service.runs.ratelimit import status_rule
@@ -27,8 +28,19 @@ from service.tools.sessions import SessionState
 
 logger = logging.getLogger("rlctl.tools")
 
-# Fields of an error's details that the reference's results carried, copied to the top level.
-ERROR_DETAIL_FIELDS = ("available", "available_fields", "locked_value", "field", "status", "run_id", "expected")
+# Fields of an error's details copied to the top level of a tool result: the reference's, and an environment
+# write's validation report and current hash.
+ERROR_DETAIL_FIELDS = (
+    "available",
+    "available_fields",
+    "locked_value",
+    "field",
+    "status",
+    "run_id",
+    "expected",
+    "validation",
+    "current_hash",
+)
 STATUS_RULE = "{status_rule}"  # in a description: the status check rule, with the configured interval
 
 
@@ -65,6 +77,11 @@ class Tool(Generic[ArgumentsT]):
     result: Any  # the result model, or a union of result models
     handler: Callable[[AppContext, SessionState, ArgumentsT], BaseModel]
     hints: Hints = field(default_factory=Hints)
+    scope: Scope | None = None  # the scope a token needs to see and call it; every tool declares one
+
+    def __post_init__(self) -> None:
+        if self.scope is None:
+            raise TypeError(f"tool {self.name} declares no scope (docs/AUTH.md#scopes)")
 
     def describe(self, settings: Settings) -> str:
         return self.description.replace(STATUS_RULE, status_rule(settings.status_check_interval_s))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.auth.scopes import Scope
 from service.context import AppContext
 from service.environments import service as environments
 from service.errors import RateLimited, ValidationFailed
@@ -201,6 +202,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EnvironmentsResult,
         list_environments,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_select_environment",
@@ -210,6 +212,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         SelectedResult,
         select_environment,
         Hints(idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_current_config",
@@ -219,6 +222,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         CurrentConfigResult,
         get_current_config,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_edit_config",
@@ -227,6 +231,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EditedResult,
         edit_config,
         Hints(idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_start_training",
@@ -236,6 +241,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StartedResult,
         start_training,
         Hints(open_world=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_check_status",
@@ -244,6 +250,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StatusResult | RateLimitedResult,
         check_status,
         Hints(read_only=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_stop_training",
@@ -252,6 +259,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         StoppedResult,
         stop_training,
         Hints(destructive=True, idempotent=True),
+        scope=Scope.OPERATE,
     ),
     Tool(
         "rl_get_results",
@@ -260,6 +268,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         ResultsResult,
         get_results,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
     Tool(
         "rl_list_runs",
@@ -268,5 +277,6 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         RunsResult,
         list_runs,
         Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
     ),
 )

@@ -8,12 +8,14 @@ from fastapi import APIRouter, Body, Header
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from service.auth.guard import READ, CurrentPrincipal
+from service.auth.tokens import Principal
 from service.deps import Ctx
 from service.names import NAME_PATTERN, name_path
 from service.schemas import error_responses
 from service.tools import service
 
-router = APIRouter(prefix="/tools", tags=["tools"], responses=error_responses(401))
+router = APIRouter(prefix="/tools", tags=["tools"], responses=error_responses(401, 403))
 ToolName = Annotated[str, name_path("Tool name, as listed by GET /tools.")]
 SessionHeader = Annotated[
     str | None,
@@ -30,10 +32,10 @@ class ToolList(BaseModel):
     count: int
 
 
-@router.get("", response_model=ToolList, summary="List the agent tools")
-def list_tools(ctx: Ctx) -> ToolList:
-    """Function-calling schemas of every tool, for an agent's `tools=` parameter."""
-    tools = service.list_tools(ctx)
+@router.get("", response_model=ToolList, summary="List the agent tools", dependencies=[READ])
+def list_tools(ctx: Ctx, principal: Annotated[Principal, CurrentPrincipal]) -> ToolList:
+    """Function-calling schemas of every tool the token may call, for an agent's `tools=` parameter."""
+    tools = service.list_tools(ctx, principal)
     return ToolList(tools=tools, count=len(tools))
 
 
@@ -42,13 +44,15 @@ def list_tools(ctx: Ctx) -> ToolList:
     response_model=dict[str, Any],
     summary="Call an agent tool",
     responses=error_responses(404, 413, 422),
+    dependencies=[READ],
 )
 async def call_tool(
     ctx: Ctx,
     name: ToolName,
     arguments: Annotated[dict[str, Any], Body(description="The tool's arguments object.")],
+    principal: Annotated[Principal, CurrentPrincipal],
     x_tool_session: SessionHeader = None,
 ) -> dict[str, Any]:
     """Run one tool. Tool errors (bad arguments, unknown run, locked field, ...) are results with an `error`
-    field, not HTTP errors; an unknown tool name is a 404."""
-    return await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session)
+    field, not HTTP errors; an unknown tool name is a 404, a tool the token lacks the scope of a 403."""
+    return await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session, principal)

@@ -4,20 +4,40 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.auth.guard import require
+from service.auth.scopes import Scope, allows
+from service.auth.tokens import Principal
 from service.context import AppContext
+from service.observability import actor_var
 from service.tools import sessions
 from service.tools.catalog import ALL_TOOLS, find_tool
-from service.tools.registry import invoke
+from service.tools.registry import Tool, invoke
 
 
-def list_tools(ctx: AppContext) -> list[dict[str, Any]]:
-    """Every tool's function-calling schema (strict), described with this server's settings."""
-    return [tool.openai_schema(ctx.settings) for tool in ALL_TOOLS]
+def visible_tools(principal: Principal) -> list[Tool[Any]]:
+    """The tools this token may call: the only ones it is shown."""
+    return [tool for tool in ALL_TOOLS if tool.scope is not None and allows(principal.scopes, tool.scope)]
 
 
-def call_tool(ctx: AppContext, name: str, arguments: Any, session_header: str | None) -> dict[str, Any]:
-    """The tool's result as a JSON object; an `error` field says it failed (never raised, but for an unknown
-    tool name)."""
+def list_tools(ctx: AppContext, principal: Principal) -> list[dict[str, Any]]:
+    """The function-calling schema (strict) of every tool the token may call, described with this server's
+    settings."""
+    return [tool.openai_schema(ctx.settings) for tool in visible_tools(principal)]
+
+
+def authorize_tool(principal: Principal, name: str) -> Tool[Any]:
+    """The tool, when it exists and the token holds its scope: else ToolNotFound or InsufficientScope."""
     tool = find_tool(name)
+    require(principal, tool.scope or Scope.ADMIN, f"the tool {name!r}")
+    return tool
+
+
+def call_tool(
+    ctx: AppContext, name: str, arguments: Any, session_header: str | None, principal: Principal
+) -> dict[str, Any]:
+    """The tool's result as a JSON object; an `error` field says it failed (never raised, but for an unknown
+    tool name or a missing scope)."""
+    tool = authorize_tool(principal, name)
+    actor_var.set(principal.name)  # records the tool creates name the token (this runs in a worker thread)
     state = sessions.load(ctx, sessions.session_id_from(session_header))
     return invoke(ctx, tool, state, arguments)

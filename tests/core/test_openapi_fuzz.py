@@ -13,9 +13,10 @@ from tests.conftest import build_settings
 from tests.support.live import LiveService, live_service
 
 TOKEN = "fuzz-token"
-# An upload is valid by its content (JSON lines of a trajectory format), which no schema can state: random files
-# must be refused cleanly (documented 4xx, never 5xx), so only the "valid data is accepted" check is left out.
-CONTENT_VALIDATED = {"POST /datasets"}
+# An upload is valid by its content (JSON lines of a trajectory format), and so is an environment's source (an
+# importable BaseEnv subclass), which no schema can state: random content must be refused cleanly (documented
+# 4xx, never 5xx), so only the "valid data is accepted" check is left out.
+CONTENT_VALIDATED = {"POST /datasets", "PUT /environments/{name}"}
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,8 @@ REQUIRED: dict[str, dict[str, Any]] = {
         "model": "any-model",
     },
     "rl_get_job": {"job_id": "nosuchjob"},
+    "rl_read_environment": {"name": "echo"},
+    "rl_write_environment": {"name": "contracts", "source": "def broken(:\n"},  # fails its syntax check: fast
 }
 
 

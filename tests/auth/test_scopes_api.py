@@ -1,0 +1,194 @@
+"""Every route and every tool against each scope, over the real app (SQLite and PostgreSQL).
+
+The route table is generated from the app's routes: a new route that declares no scope fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from service.auth.guard import route_scope
+from service.auth.scopes import Scope, allows
+from service.auth.tokens import TokenStore
+from service.settings import Settings
+from service.tools.catalog import ALL_TOOLS
+from tests.support.live import LiveService, live_service
+from tests.support.waiting import wait_until
+
+ADMIN_TOKEN = "scopes-env-admin-token"
+PUBLIC_PATHS = {"/healthz", "/readyz", "/ui", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@dataclass
+class Scoped:
+    live: LiveService
+    tokens: dict[Scope, str]  # one token of the tokens file per scope
+
+    def client(self, scope: Scope) -> httpx.Client:
+        return self.live.client(token=self.tokens[scope])
+
+
+@pytest.fixture
+def scoped(make_settings: Callable[..., Settings]) -> Iterator[Scoped]:
+    settings = make_settings(api_token=ADMIN_TOKEN)
+    store = TokenStore(settings.tokens_path)
+    tokens = {scope: store.create(f"t-{scope.value}", (scope,)) for scope in Scope}
+    with live_service(settings) as live:
+        yield Scoped(live, tokens)
+
+
+def flatten(routes: list[Any]) -> Iterator[Any]:
+    """The routes, those of included routers too (FastAPI keeps an included router as one entry)."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from flatten(included.routes)
+        else:
+            yield route
+
+
+def protected_routes(live: LiveService) -> list[APIRoute]:
+    return [r for r in flatten(live.app.routes) if isinstance(r, APIRoute) and r.path not in PUBLIC_PATHS]
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "nosuch", path)
+
+
+def test_every_route_declares_a_scope_and_enforces_it(scoped: Scoped) -> None:
+    routes = protected_routes(scoped.live)
+    assert len(routes) > 40
+    undeclared = [f"{sorted(r.methods)} {r.path}" for r in routes if route_scope(r) is None]
+    assert not undeclared, f"routes without a declared scope: {undeclared}"
+    clients = {scope: scoped.client(scope) for scope in Scope}
+    try:
+        for route in routes:
+            needed = route_scope(route)
+            assert needed is not None
+            for method in sorted(route.methods):
+                for scope, client in clients.items():
+                    response = client.request(method, concrete(route.path), json={})
+                    where = f"{method} {route.path} with a {scope.value} token"
+                    if allows([scope], needed):
+                        assert response.status_code not in (401, 403), f"{where}: {response.text}"
+                    else:
+                        assert response.status_code == 403, f"{where}: {response.status_code}"
+                        error = response.json()["error"]
+                        assert error["code"] == "INSUFFICIENT_SCOPE"
+                        assert error["details"]["required_scope"] == needed.value
+                        assert error["details"]["token"] == f"t-{scope.value}"
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def test_the_scopes_of_the_routes_follow_the_rules(scoped: Scoped) -> None:
+    """GET routes read; environment code needs admin; anything else that changes state operates."""
+    for route in protected_routes(scoped.live):
+        declared = route_scope(route)
+        writes_code = route.path.startswith("/environments/{name}") and route.methods & {"PUT", "DELETE", "POST"}
+        if writes_code and not route.path.endswith("/preview"):
+            assert declared == Scope.ADMIN, route.path
+        elif route.methods == {"GET"}:
+            assert declared == Scope.READ, route.path
+
+
+def test_no_token_wrong_token_and_the_env_token(scoped: Scoped) -> None:
+    with scoped.live.client(token="rlctl_not-a-token") as client:
+        assert client.get("/runs").status_code == 401
+    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+        response = anonymous.get("/runs")
+        assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHORIZED"
+        assert anonymous.get("/healthz").status_code == 200
+    with scoped.live.client(token=ADMIN_TOKEN) as admin:
+        assert admin.put("/environments/nosuch", json={}).status_code == 422  # past the scope check
+
+
+def test_tools_are_listed_and_refused_by_scope(scoped: Scoped) -> None:
+    for scope in Scope:
+        with scoped.client(scope) as client:
+            listed = {t["function"]["name"] for t in client.get("/tools").json()["tools"]}
+            assert listed == {t.name for t in ALL_TOOLS if t.scope and allows([scope], t.scope)}
+            for tool in ALL_TOOLS:
+                assert tool.scope is not None, f"{tool.name} declares no scope"
+                # Arguments no tool accepts: an allowed call stops at argument validation, changing nothing.
+                response = client.post(f"/tools/{tool.name}", json={"not_an_argument": 1})
+                if allows([scope], tool.scope):
+                    assert response.status_code == 200, (tool.name, scope)
+                    assert response.json()["code"] == "VALIDATION_ERROR"
+                else:
+                    assert response.status_code == 403, (tool.name, scope)
+                    assert response.json()["error"]["details"]["required_scope"] == tool.scope.value
+    assert {t.name for t in ALL_TOOLS if t.scope == Scope.ADMIN} == {"rl_write_environment"}
+
+
+def mcp(client: httpx.Client, method: str, params: dict[str, Any]) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    return client.post("/mcp", content=json.dumps(body), headers=MCP_HEADERS)
+
+
+def test_mcp_lists_and_refuses_by_scope(scoped: Scoped) -> None:
+    for scope in Scope:
+        with scoped.client(scope) as client:
+            listing = mcp(client, "tools/list", {})
+            assert listing.status_code == 200, listing.text
+            listed = {t["name"] for t in listing.json()["result"]["tools"]}
+            assert listed == {t.name for t in ALL_TOOLS if t.scope and allows([scope], t.scope)}
+            for tool in ALL_TOOLS:
+                assert tool.scope is not None
+                response = mcp(client, "tools/call", {"name": tool.name, "arguments": {"not_an_argument": 1}})
+                if allows([scope], tool.scope):
+                    assert response.status_code == 200, (tool.name, scope, response.text)
+                    assert response.json()["result"]["structuredContent"]["code"] == "VALIDATION_ERROR"
+                else:
+                    assert response.status_code == 403, (tool.name, scope, response.text)
+                    assert response.json()["error"]["code"] == "INSUFFICIENT_SCOPE"
+    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+        assert mcp(anonymous, "tools/list", {}).status_code == 401
+
+
+def test_created_and_revoked_tokens_take_effect_without_a_restart(scoped: Scoped) -> None:
+    store = TokenStore(scoped.live.settings.tokens_path)
+    token = store.create("late-reader", (Scope.READ,))
+    with scoped.live.client(token=token) as client:
+        assert client.get("/environments").status_code == 200
+        store.revoke("late-reader")
+        assert client.get("/environments").status_code == 401
+
+
+def test_the_access_log_names_the_token_never_the_token(scoped: Scoped, caplog: pytest.LogCaptureFixture) -> None:
+    def logged() -> dict[str, logging.LogRecord] | None:
+        # The line is written once the response has gone: wait for it rather than race it.
+        by_path = {r.__dict__["path"]: r for r in caplog.records if r.name == "rlctl.access"}
+        return by_path if {"/jobs", "/mcp"} <= set(by_path) else None
+
+    with caplog.at_level(logging.INFO, logger="rlctl.access"), scoped.client(Scope.OPERATE) as client:
+        client.get("/jobs")
+        client.post("/mcp", content="{}", headers=MCP_HEADERS)
+        by_path = wait_until(logged, timeout=30, message="access log lines")
+    lines = list(by_path.values())
+    assert by_path["/jobs"].__dict__["token"] == "t-operate" and "token=t-operate" in by_path["/jobs"].getMessage()
+    assert by_path["/mcp"].__dict__["token"] == "t-operate"
+    for record in lines:
+        assert all(token not in record.getMessage() for token in scoped.tokens.values())
+
+
+def test_a_broken_tokens_file_fails_closed_but_the_env_token_still_works(scoped: Scoped) -> None:
+    scoped.live.settings.tokens_path.write_text("{not json")
+    with scoped.client(Scope.ADMIN) as client:
+        response = client.get("/runs")
+        assert response.status_code == 503 and "tokens file" in response.json()["error"]["message"]
+    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+        assert anonymous.get("/runs").status_code == 503  # never open
+    with scoped.live.client(token=ADMIN_TOKEN) as admin:
+        assert admin.get("/runs").status_code == 200
