@@ -1,12 +1,19 @@
-"""Runs benchmark: start-up and stop latency of an offline run, and GET /runs throughput with 10,000 runs.
+"""Runs benchmark: start-up and stop latency of an offline run, and read throughput with 10,000 runs.
 
     .venv/bin/python benchmarks/runs.py [--postgres postgresql://postgres@127.0.0.1:5432/test] [--runs 10000]
+        [--reads-only] [--connections 64] [--seconds 5] [--training]
 
-Prints, on SQLite and (when given) PostgreSQL:
+Prints, on SQLite and (when given, or RLCTL_TEST_POSTGRES_URL is set) PostgreSQL:
 - seconds from POST /runs to `running` for an offline echo run on the local backend (the reference slept
-  5 + 30 + 90 + 10 = 135 s before a run counted as running), and from POST /runs/{id}/stop to `stopped`;
-- GET /runs (50 per page) and GET /healthz requests per second over the same client, and their ratio.
-The service runs as a real `rlctl serve` subprocess on loopback.
+  5 + 30 + 90 + 10 = 135 s before a run counted as running), and from POST /runs/{id}/stop to `stopped`
+  (left out with --reads-only);
+- with 10,000 runs stored: GET /runs (first page of 50), a filtered page (status, then environment), then
+  GET /runs/{id} and GET /runs?limit=20, each beside GET /healthz measured the same way in the same run:
+  requests per second, p50 and p99 latency, errors, and the ratios (goal: >= 0.5 of /healthz's requests per
+  second, p99 <= 2x /healthz's). The first three use 4 connections; the last two `--connections` at once.
+  With --training, one offline run trains while the concurrent load runs.
+Every load run lasts `--seconds` (at most 20 s: the machine may be shared). The service is a real `rlctl serve`
+subprocess on loopback; the load comes from benchmarks/load.py (keep-alive connections, like wrk).
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,6 +37,7 @@ from sqlalchemy.engine import make_url
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.load import LoadResult, run_load  # noqa: E402
 from service.db import migrate  # noqa: E402
 from service.db.engine import Database  # noqa: E402
 from service.db.models import Run  # noqa: E402
@@ -44,7 +51,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--postgres", default=os.environ.get("RLCTL_TEST_POSTGRES_URL"))
     parser.add_argument("--runs", type=int, default=10_000)
-    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput measurement")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each load run (at most 20)")
+    parser.add_argument("--connections", type=int, default=64, help="connections of the concurrent reads")
+    parser.add_argument("--reads-only", action="store_true", help="skip the start-up and stop timings")
+    parser.add_argument("--training", action="store_true", help="keep one offline run training during the reads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as tmp:
         backends = [("sqlite", f"sqlite:///{Path(tmp) / 'sqlite' / 'rlctl.db'}")]
@@ -55,9 +65,11 @@ def main() -> None:
                 data_dir = Path(tmp) / name
                 print(f"== {name}")
                 with _service(database_url, data_dir) as base_url:
-                    _lifecycle(base_url)
+                    if not args.reads_only:
+                        _lifecycle(base_url)
                     _seed(database_url, args.runs)
-                    _throughput(base_url, args.runs, args.seconds)
+                    with _training(base_url, args.training):
+                        _reads(base_url, args.runs, args.seconds, args.connections)
 
 
 def _lifecycle(base_url: str) -> None:
@@ -77,6 +89,21 @@ def _lifecycle(base_url: str) -> None:
     print(f"stop -> stopped:       {to_stopped:6.1f} s")
 
 
+@contextmanager
+def _training(base_url: str, enabled: bool):  # type: ignore[no-untyped-def]
+    """One offline run training for the duration of the block (when enabled), stopped afterwards."""
+    if not enabled:
+        yield
+        return
+    with httpx.Client(base_url=base_url, timeout=300) as client:
+        run_id = client.post("/runs", json={"environment": "echo", "backend": "local"}).json()["id"]
+        _wait(client, run_id, "running", 600)
+        try:
+            yield
+        finally:
+            client.post(f"/runs/{run_id}/stop", params={"wait_s": 60})
+
+
 def _wait(client: httpx.Client, run_id: str, status: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -92,6 +119,7 @@ def _wait(client: httpx.Client, run_id: str, status: str, timeout: float) -> Non
 def _seed(database_url: str, count: int) -> None:
     db = Database(database_url)
     now = datetime.now(UTC)
+    config = _stored_config()
     statuses = ("completed", "failed", "stopped")
     rows = [
         {
@@ -99,7 +127,7 @@ def _seed(database_url: str, count: int) -> None:
             "environment": "echo" if i % 3 else "gsm8k",
             "backend": "local",
             "status": statuses[i % 3],
-            "config": {"tinker": {"total_steps": 60}},
+            "config": config,
             "ports": {},
             "stalled": False,
             "created_at": now - timedelta(seconds=i),
@@ -110,34 +138,42 @@ def _seed(database_url: str, count: int) -> None:
     with db.engine.begin() as connection:
         for start in range(0, count, 1000):
             connection.execute(insert(Run), rows[start : start + 1000])
+    if db.engine.dialect.name == "postgresql":  # the statistics autovacuum gathers after such a change
+        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.execute(text("ANALYZE runs"))
     db.dispose()
 
 
-def _throughput(base_url: str, runs: int, seconds: float) -> None:
-    health = _requests_per_second(base_url, "/healthz", {}, seconds)
-    listing = _requests_per_second(base_url, "/runs", {"limit": 50}, seconds)
-    filtered = _requests_per_second(base_url, "/runs", {"limit": 50, "status": "failed"}, seconds)
-    print(f"GET /healthz:                 {health:8.0f} req/s")
-    print(f"GET /runs (of {runs}):        {listing:8.0f} req/s  ({listing / health:.2f} of /healthz)")
-    print(f"GET /runs?status=failed:      {filtered:8.0f} req/s  ({filtered / health:.2f} of /healthz)")
+def _stored_config() -> dict:
+    """A merged run config of the size and shape the service stores (about 3 KB of JSON): env, tinker, openai."""
+    env = {f"env_field_{i}": f"value {i} " * 3 for i in range(40)}
+    tinker = {f"tinker_field_{i}": i * 0.5 for i in range(20)} | {"total_steps": 60, "wandb_project": "bench"}
+    openai = [{"model_name": "tiny", "base_url": "http://127.0.0.1:9000/v1", "api_key": "x", "timeout": 600}]
+    return {"env": env, "tinker": tinker, "openai": openai}
 
 
-def _requests_per_second(base_url: str, path: str, params: dict, seconds: float, workers: int = 4) -> float:
-    deadline = time.monotonic() + seconds
+def _reads(base_url: str, runs: int, seconds: float, connections: int) -> None:
+    """Each read beside /healthz under the same load, /healthz measured right before it (noise drifts)."""
+    run_id = httpx.get(f"{base_url}/runs", params={"limit": 1}).json()["runs"][0]["id"]
+    cases = [
+        (f"GET /runs (of {runs})", "/runs?limit=50", 4),
+        ("GET /runs?status=failed", "/runs?limit=50&status=failed", 4),
+        ("GET /runs?environment=gsm8k", "/runs?limit=50&environment=gsm8k", 4),
+        ("GET /runs/{id}", f"/runs/{run_id}", connections),
+        ("GET /runs?limit=20", "/runs?limit=20", connections),
+    ]
+    for label, path, width in cases:
+        health = run_load(base_url, ["/healthz"], width, seconds)
+        read = run_load(base_url, [path], width, seconds)
+        _report(label, width, health, read)
 
-    def worker(_: int) -> int:
-        done = 0
-        with httpx.Client(base_url=base_url, timeout=30) as client:
-            while time.monotonic() < deadline:
-                response = client.get(path, params=params)
-                response.raise_for_status()
-                done += 1
-        return done
 
-    started = time.monotonic()
-    with ThreadPoolExecutor(workers) as pool:
-        total = sum(pool.map(worker, range(workers)))
-    return total / (time.monotonic() - started)
+def _report(label: str, connections: int, health: LoadResult, read: LoadResult) -> None:
+    throughput = read.requests_per_s / health.requests_per_s if health.requests_per_s else float("nan")
+    tail = read.percentile_s(0.99) / health.percentile_s(0.99)
+    print(f"{label:<30} {connections:>3} conn  {read.describe()}")
+    print(f"{'  GET /healthz, same load':<30} {connections:>3} conn  {health.describe()}")
+    print(f"{'  ratio':<30}           {throughput:8.2f} of /healthz's req/s, p99 {tail:.2f}x /healthz's")
 
 
 @contextmanager

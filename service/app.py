@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
@@ -19,6 +20,7 @@ from service.datasets import jobs as dataset_jobs
 from service.datasets import routes as dataset_routes
 from service.datasets.service import open_datasets
 from service.db import migrate
+from service.db.engine import REQUEST_THREADS
 from service.environments.routes import router as environments_router
 from service.evaluations import jobs as evaluation_jobs
 from service.evaluations.routes import router as evaluations_router
@@ -70,6 +72,8 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Blocking handlers run in this many threads; the database pool keeps a connection for each of them.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
         context.claim_data_dir()
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)

@@ -37,20 +37,28 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 def newest_first_page(
     session: Session,
-    query: Select[Any],
+    query: Select[*tuple[Any, ...]],
     model: Any,
     limit: int,
     cursor: str | None,
     to_record: Callable[[RowT], ItemT],
 ) -> tuple[list[ItemT], str | None]:
     """One page of `query` over `model` (with `created_at` and `id`), and the cursor of the next page (or None).
-    `limit` is the caller's, within 1..MAX_PAGE (the routes' PageLimit)."""
+    `limit` is the caller's, within 1..MAX_PAGE (the routes' PageLimit). `query` selects either the model (rows
+    are its objects) or some of its columns, `created_at` and `id` among them (rows are tuples with those
+    names): a listing loads only the columns it returns."""
     if cursor:
         created_at, last_id = decode_cursor(cursor)
         query = query.where(
             or_(model.created_at < created_at, and_(model.created_at == created_at, model.id < last_id))
         )
-    rows = list(session.scalars(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1)))
+    result = session.execute(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1))
+    rows: list[Any] = list(result.scalars() if _selects_entity(query, model) else result)
     page = rows[:limit]
     next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return [to_record(row) for row in page], next_cursor
+
+
+def _selects_entity(query: Select[*tuple[Any, ...]], model: Any) -> bool:
+    descriptions = query.column_descriptions
+    return len(descriptions) == 1 and descriptions[0]["expr"] is model

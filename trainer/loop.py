@@ -81,16 +81,15 @@ def train_on_batch(
     training_logprobs: list[list[float]] = []
     loss_sum = 0.0
     if batch.data:
+        outcome = backend.train_step(batch.data, learning_rate, step)
+        training_logprobs, loss_sum = outcome.result.logprobs, outcome.result.loss_sum
+        timings.forward_backward_s = outcome.forward_backward_s
+        timings.optimizer_s = outcome.optimizer_s
+        timings.publish_s = outcome.publish_s
+    else:  # nothing to train on: the weights keep their values under the new version
         started = time.perf_counter()
-        result = backend.forward_backward(batch.data)
-        training_logprobs, loss_sum = result.logprobs, result.loss_sum
-        timings.forward_backward_s = time.perf_counter() - started
-        started = time.perf_counter()
-        backend.optim_step(learning_rate)
-        timings.optimizer_s = time.perf_counter() - started
-    started = time.perf_counter()
-    backend.publish_weights(step)
-    timings.publish_s = time.perf_counter() - started
+        backend.publish_weights(step)
+        timings.publish_s = time.perf_counter() - started
     metrics = step_metrics(batch, training_logprobs, loss_sum, learning_rate)
     tokens = sum(len(datum.input_tokens) for datum in batch.data)
     metrics.update(timings.as_metrics())

@@ -1,4 +1,4 @@
-"""Engine and session factory, with the SQLite settings a multi-threaded service needs."""
+"""Engine and session factories, with the pool and SQLite settings a multi-threaded service needs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.settings import normalize_database_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Request handlers run in the event loop's worker threads; the service sets their number to REQUEST_THREADS
+# at start-up. Each holds at most one connection at a time, so the pool keeps one for each of them, plus the
+# background threads' (run heartbeats and supervision, job workers): a smaller pool makes every thread beyond
+# it open a connection (and set it up) per request, then close it.
+REQUEST_THREADS = 40
+BACKGROUND_CONNECTIONS = 10
+POOL_SIZE = REQUEST_THREADS + BACKGROUND_CONNECTIONS
+POOL_OVERFLOW = 10  # bursts beyond that (many runs supervised at once) open extra connections
+
+
+class ReadOnlySession(Session):
+    """A session for reads: there is no transaction to commit, and writing through it is a programming error."""
+
+    def flush(self, objects: Any = None) -> None:
+        if self.new or self.dirty or self.deleted:
+            raise RuntimeError("a read-only session cannot write; use Database.session()")
 
 
 class Database:
@@ -21,11 +37,18 @@ class Database:
         self.url = normalize_database_url(url)
         self.engine = _create_engine(self.url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._reads = sessionmaker(_read_engine(self.engine), class_=ReadOnlySession, expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A unit of work: committed when the block ends, rolled back on error."""
         with self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """Reads only: no BEGIN or COMMIT round trips, each statement sees the latest committed data."""
+        with self._reads() as session:
             yield session
 
     def dispose(self) -> None:
@@ -35,12 +58,27 @@ class Database:
 def _create_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-    event.listen(engine, "connect", _configure_sqlite_connection)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": 30},
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+    )
+    event.listen(engine, "connect", _configure_sqlite_connection)  # once per connection: the pool keeps them
     return engine
+
+
+def _read_engine(engine: Engine) -> Engine:
+    """The engine of read sessions. On PostgreSQL its connections are in autocommit mode while checked out: a
+    read is one round trip, not BEGIN, SELECT, COMMIT. SQLite's driver begins a transaction only before a write
+    and its COMMIT of nothing is free, so reads there use the engine as it is (switching modes would run a pragma
+    per checkout)."""
+    if engine.dialect.name == "sqlite":
+        return engine
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def _configure_sqlite_connection(dbapi_connection: Any, _record: Any) -> None:

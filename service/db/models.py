@@ -40,7 +40,7 @@ class Run(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    environment: Mapped[str] = mapped_column(String(128), index=True)
+    environment: Mapped[str] = mapped_column(String(128))
     # The dataset a run trains on (docs/RUNS.md#training-on-a-dataset); kept when the dataset is deleted.
     dataset_id: Mapped[str | None] = mapped_column(String(32), index=True)
     dataset_mode: Mapped[str | None] = mapped_column(String(16))  # offline | online
@@ -74,9 +74,11 @@ class Run(Base):
         back_populates="run", cascade="all, delete-orphan", order_by="RunProcess.id"
     )
 
+    # Keyset order (newest first), and each filter of GET /runs followed by that order.
     __table_args__ = (
         Index("ix_runs_created_at_id", "created_at", "id"),
         Index("ix_runs_status_created_at_id", "status", "created_at", "id"),
+        Index("ix_runs_environment_created_at_id", "environment", "created_at", "id"),
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import CursorResult, Executable
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.interfaces import ORMOption
 
 from service.db.models import Base
 from service.errors import NotFound
@@ -14,10 +15,11 @@ from service.names import validate_name
 RowT = TypeVar("RowT", bound=Base)
 
 
-def load_row(session: Session, model: type[RowT], row_id: str, not_found: type[NotFound]) -> RowT:
-    """The row, or `not_found` (404) naming the id; an id that is not a valid name is INVALID_NAME (422)."""
+def load_row(session: Session, model: type[RowT], row_id: str, not_found: type[NotFound], *options: ORMOption) -> RowT:
+    """The row, or `not_found` (404) naming the id; an id that is not a valid name is INVALID_NAME (422).
+    `options` are loader options, e.g. relationships to load in the same statement."""
     validate_name(row_id, f"{not_found.subject} id")
-    row = session.get(model, row_id)
+    row = session.get(model, row_id, options=options)
     if row is None:
         raise not_found.for_id(row_id)
     return row

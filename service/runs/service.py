@@ -10,8 +10,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, joinedload
 
 from service.context import AppContext
 from service.db.models import Run, RunProcess
@@ -55,6 +56,24 @@ LIVE_STATUS = {
     Liveness.DEAD: ProcessStatus.EXITED,
     Liveness.UNKNOWN: ProcessStatus.UNKNOWN,
 }
+# What a listing returns, and so all it loads: never the config (kilobytes of JSON per run). Its one field shown,
+# total_steps, is read out of the page's runs alone, by id: in the listing's own query the database may compute it
+# for every run matching the filter before it sorts them (PostgreSQL does when it has no statistics yet).
+SUMMARY_COLUMNS = (
+    Run.id,
+    Run.environment,
+    Run.dataset_id,
+    Run.dataset_mode,
+    Run.backend,
+    Run.status,
+    Run.last_step,
+    Run.stalled,
+    Run.wandb_run_name,
+    Run.created_at,
+    Run.started_at,
+    Run.ended_at,
+)
+TOTAL_STEPS = Run.config[("tinker", "total_steps")].as_integer()
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -196,8 +215,8 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
 
 
 def get_run(ctx: AppContext, run_id: str) -> RunOut:
-    with ctx.db.session() as session:
-        return run_record(ctx, load_row(session, Run, run_id, RunNotFound))
+    with ctx.db.read() as session:  # the run and its processes in one statement
+        return run_record(ctx, load_row(session, Run, run_id, RunNotFound, joinedload(Run.processes)))
 
 
 def list_runs(
@@ -208,20 +227,28 @@ def list_runs(
     cursor: str | None = None,
     dataset_id: str | None = None,
 ) -> RunList:
-    query = select(Run)
+    query = select(*SUMMARY_COLUMNS)
     if status:
         query = query.where(Run.status == status)
     if environment:
         query = query.where(Run.environment == environment)
     if dataset_id:
         query = query.where(Run.dataset_id == dataset_id)
-    with ctx.db.session() as session:
-        records, next_cursor = newest_first_page(session, query, Run, limit, cursor, run_summary)
+    with ctx.db.read() as session:
+        rows, next_cursor = newest_first_page(session, query, Run, limit, cursor, _same_row)
+        total_steps = _total_steps(session, [row.id for row in rows])
+    records = [RunSummary.model_validate({**row._mapping, "total_steps": total_steps.get(row.id)}) for row in rows]
     return RunList(runs=records, count=len(records), next_cursor=next_cursor)
 
 
-def run_summary(run: Run) -> RunSummary:
-    return RunSummary.model_validate(_summary_fields(run))
+def _same_row(row: Row[Any]) -> Row[Any]:
+    return row
+
+
+def _total_steps(session: Session, run_ids: list[str]) -> dict[str, int | None]:
+    if not run_ids:
+        return {}
+    return {run_id: steps for run_id, steps in session.execute(select(Run.id, TOTAL_STEPS).where(Run.id.in_(run_ids)))}
 
 
 def _summary_fields(run: Run) -> dict[str, Any]:
@@ -276,20 +303,22 @@ def run_record(ctx: AppContext, run: Run) -> RunOut:
 
 def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
     """The live check: limited to once per interval per run; an unknown id consumes nothing. A run that has
-    ended answers its final, stored state (`live: false`) without using the allowance: nothing is live to read."""
+    ended answers its final, stored state (`live: false`) without using the allowance: nothing is live to read.
+
+    One transaction: the run is read, the check allowed (or counted as limited), the snapshot taken and
+    stored. Concurrent checks of a run wait on the winner's row lock, so exactly one is allowed."""
     now = utcnow()
     interval = ctx.settings.status_check_interval_s
     with ctx.db.session() as session:
         run = load_row(session, Run, run_id, RunNotFound)
         if run.status in lifecycle.TERMINAL:
-            ended = True
-        else:
-            ended = False
-            allowance = ratelimit.acquire(session, run_id, now, interval)
-            stored = run_summary(run).model_dump(mode="json") | {"failure": run.failure}
-    if ended:
-        return RunStatusOut(**dict(_live_snapshot(ctx, run_id, now)), live=False, rate_limited=False)
-    if not allowance.allowed:
+            return RunStatusOut(**dict(_live_snapshot(ctx, session, run, now)), live=False, rate_limited=False)
+        stored = RunSummary.model_validate(_summary_fields(run)).model_dump(mode="json") | {"failure": run.failure}
+        allowance = ratelimit.acquire(session, run_id, now, interval)
+        if allowance.allowed:
+            snapshot = _live_snapshot(ctx, session, run, now)
+            ratelimit.store_snapshot(session, run_id, now, snapshot.model_dump(mode="json"))
+    if not allowance.allowed:  # raised once the limited check is counted (committed)
         wait = allowance.retry_after_s
         raise RateLimited(
             f"status of run {run_id} was checked at {allowance.checked_at:%H:%M:%S} UTC; "
@@ -304,31 +333,24 @@ def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
                 "stored": stored,
             },
         )
-    snapshot = _live_snapshot(ctx, run_id, now)
-    with ctx.db.session() as session:
-        ratelimit.store_snapshot(session, run_id, now, snapshot.model_dump(mode="json"))
     return RunStatusOut(**dict(snapshot), live=True, rate_limited=False, next_check_in_seconds=interval)
 
 
-def _live_snapshot(ctx: AppContext, run_id: str, now: datetime) -> RunSnapshot:
-    paths = RunPaths(ctx.settings.data_path, run_id)
-    with ctx.db.session() as session:
-        run = load_row(session, Run, run_id, RunNotFound)
-        latest = metrics.latest_values(session, run_id)
-        processes = [_process_status(p) for p in run.processes]
-        record = _summary_fields(run)
-        running_s = lifecycle.running_seconds(run, now)
-        wandb_project, wandb_url, failure = run.wandb_project, run.wandb_url, run.failure
+def _live_snapshot(ctx: AppContext, session: Session, run: Run, now: datetime) -> RunSnapshot:
+    paths = RunPaths(ctx.settings.data_path, run.id)
+    latest = metrics.latest_values(session, run.id)
+    record = _summary_fields(run)
+    running_s = lifecycle.running_seconds(run, now)
     state = paths.read_trainer_state() or {}
     headline = {key: latest[name][1] if name in latest else None for key, name in HEADLINE_METRICS.items()}
     return RunSnapshot(
         **record,
-        run_id=run_id,
-        wandb_project=wandb_project,
-        wandb_url=wandb_url,
-        failure=failure,
+        run_id=run.id,
+        wandb_project=run.wandb_project,
+        wandb_url=run.wandb_url,
+        failure=run.failure,
         checked_at=now,
-        processes=processes,
+        processes=[_process_status(p) for p in run.processes],
         running_time_seconds=round(running_s, 1),
         running_time_minutes=round(running_s / 60, 2),
         metrics=HeadlineMetrics(step=record["last_step"], **headline),
@@ -375,7 +397,7 @@ def stop_run(ctx: AppContext, manager: RunManager, run_id: str, wait_s: float = 
 
 def get_results(ctx: AppContext, run_id: str) -> RunResults:
     paths = RunPaths(ctx.settings.data_path, run_id)
-    with ctx.db.session() as session:
+    with ctx.db.read() as session:
         run = load_row(session, Run, run_id, RunNotFound)
         latest = metrics.latest_values(session, run_id)
         series = metrics.history(session, run_id)
@@ -419,7 +441,7 @@ def get_metrics(
     min_step: int | None = None,
     max_step: int | None = None,
 ) -> RunMetrics:
-    with ctx.db.session() as session:
+    with ctx.db.read() as session:
         load_row(session, Run, run_id, RunNotFound)
         return RunMetrics(run_id=run_id, metrics=metrics.history(session, run_id, names, min_step, max_step))
 
@@ -427,7 +449,7 @@ def get_metrics(
 def log_path(ctx: AppContext, run_id: str, role: str) -> RunPaths:
     if role not in ROLES:
         raise ValidationFailed(f"unknown process {role!r}", {"field": "process", "available": list(ROLES)})
-    with ctx.db.session() as session:
+    with ctx.db.read() as session:
         load_row(session, Run, run_id, RunNotFound)
     return RunPaths(ctx.settings.data_path, run_id)
 
@@ -438,4 +460,8 @@ def log_tail(ctx: AppContext, run_id: str, role: str, lines: int) -> str:
 
 
 def is_terminal(ctx: AppContext, run_id: str) -> bool:
-    return get_run(ctx, run_id).status in lifecycle.TERMINAL
+    with ctx.db.read() as session:
+        status = session.scalar(select(Run.status).where(Run.id == run_id))
+    if status is None:
+        raise RunNotFound.for_id(run_id)
+    return status in lifecycle.TERMINAL

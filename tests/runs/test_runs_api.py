@@ -30,7 +30,8 @@ def add_runs(database_url: str, *runs: Run, metrics: tuple[RunMetric, ...] = ())
 
 def make_run(run_id: str, status: str = "completed", environment: str = "echo", minutes_ago: int = 0) -> Run:
     created = datetime.now(UTC) - timedelta(minutes=minutes_ago)
-    return Run(id=run_id, environment=environment, backend="local", status=status, created_at=created)
+    config = {"tinker": {"total_steps": 10 + minutes_ago}}
+    return Run(id=run_id, environment=environment, backend="local", status=status, created_at=created, config=config)
 
 
 @pytest.fixture
@@ -98,6 +99,9 @@ def test_listing_filters_and_pages_newest_first(service: Service, database_url: 
             page = client.get("/runs", params={"limit": 2, "cursor": page["next_cursor"]}).json()
             seen += [r["id"] for r in page["runs"]]
         assert seen == ["r4", "r3", "r2", "r1", "r0", "g1"]
+        # A listing does not load the config, but shows its total_steps, each run's own.
+        assert [r["total_steps"] for r in page["runs"]] == [20, 30]
+        assert [r["total_steps"] for r in client.get("/runs", params={"limit": 2}).json()["runs"]] == [16, 17]
         failed = client.get("/runs", params={"status": "failed"}).json()
         assert [r["id"] for r in failed["runs"]] == ["r4", "r2", "r0"]
         assert [r["id"] for r in client.get("/runs", params={"environment": "gsm8k"}).json()["runs"]] == ["g1"]

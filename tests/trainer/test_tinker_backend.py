@@ -16,6 +16,7 @@ parameters the server declares no field for (and the top-k logprobs it returns n
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import httpx
@@ -36,10 +37,15 @@ from tests.trainer.pipeline import (
     write_run_yaml,
 )
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
+from trainer.backends.base import StepOutcome
+from trainer.backends.tinker_backend import TinkerBackend
+from trainer.config import parse_config
+from trainer.grpo import prepare_batch
 
 pytestmark = pytest.mark.e2e
 
 GROUP_SIZE, BATCH_SIZE = 4, 8
+TRAINING_CALLS = ("forward_backward", "optim_step", "save_weights_for_sampler")
 
 
 def scored_group(rng: random.Random) -> dict:
@@ -240,3 +246,50 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         assert "came back without them" in warnings["topk_sample_logprobs"]["message"]
     events = [line for line in metric_lines(run_dir) if line.get("event") == "warning"]
     assert {event["parameter"] for event in events} == set(warnings)
+
+
+def test_a_step_sends_its_calls_before_waiting_for_results(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """The stand-in withholds the gradients until the optimiser step arrives: a backend that waits for the
+    gradients before sending the step never finishes it; one that pipelines the step's calls does, and the
+    weights it publishes are the stepped ones."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    service = LoopbackTinker(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, hold_gradients=True)
+    with LoopbackServer(service, free_port()) as server:
+        monkeypatch.setenv("TINKER_BASE_URL", server.url)
+        monkeypatch.setenv("TINKER_API_KEY", "tml-loopback")
+        config = parse_config(
+            {
+                "env": {"rollout_server_url": "http://127.0.0.1:1", "tokenizer_name": str(tiny_model_dir)},
+                "tinker": {
+                    "backend": "tinker",
+                    "base_model": "Qwen/Qwen3-8B",
+                    "run_dir": str(tmp_path / "run"),
+                    "inference_port": free_port(),  # unused: no inference server here
+                    "loss_fn": "importance_sampling",
+                },
+            }
+        )
+        backend = TinkerBackend(config)
+        try:
+            backend.publish_weights(0)
+            rng = random.Random(1)
+            data = prepare_batch([scored_group(rng) for _ in range(2)], 1024).data
+            outcomes: list[StepOutcome] = []
+            stepping = threading.Thread(target=lambda: outcomes.append(backend.train_step(data, 0.05, 1)), daemon=True)
+            stepping.start()
+            stepping.join(timeout=60)  # a backend that does not pipeline would wait here forever
+            assert outcomes, "the step did not finish: the optimiser step was not sent before the gradients came back"
+            [outcome] = outcomes
+            [model_id] = service.models
+            trained = service.models[model_id].logits
+            assert [name for name, _ in service.requests if name in TRAINING_CALLS] == [
+                "save_weights_for_sampler",
+                "forward_backward",
+                "optim_step",
+                "save_weights_for_sampler",
+            ]
+            assert len(outcome.result.logprobs) == len(data) and trained.any()
+            assert outcome.published.version == 1
+            assert (service.samplers[outcome.published.reference] == trained).all()
+        finally:
+            backend.close()

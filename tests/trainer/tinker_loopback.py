@@ -15,8 +15,13 @@ With `protocol="legacy"` it speaks the older protocol subset of `tinker>=0.25,<0
 `/api/v1/sessions/{id}/finish`, asample promises without `sample_sequence_ids`, `load_weights` only addressed by
 `model_id` and only as a model's first request after `create_model`, and request schemas published in its OpenAPI
 document (copied from SkyRL's, so fields they do not declare are dropped as SkyRL drops them).
+
+Two knobs stand in for a remote service's timing: `latency_s` is added to every request (a network round trip),
+and `hold_gradients` withholds each forward_backward result until an optim_step for the same model has arrived
+(a client that waits for the gradients before sending the step never gets them; one that pipelines does).
 """
 
+import asyncio
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -75,9 +80,14 @@ class UnigramModel:
         self.gradient = np.zeros(self.vocab_size)
 
 
+LONG_POLL_S = 1.0  # how long retrieve_future waits on a withheld result before answering 408 (try again)
+
+
 @dataclass
 class StoredResult:
     payload: Any  # dict for JSON results, bytes for protobuf results
+    model_id: str | None = None
+    released: asyncio.Event | None = None  # withheld until set (hold_gradients); made on the server's loop
 
     @property
     def is_proto(self) -> bool:
@@ -140,10 +150,18 @@ class LoopbackTinker:
     """State and handlers of the loopback service; `requests` records (endpoint, decoded body) pairs."""
 
     def __init__(
-        self, vocab_size: int, eos_token_id: int | None = None, seed: int = 0, protocol: str = "current"
+        self,
+        vocab_size: int,
+        eos_token_id: int | None = None,
+        seed: int = 0,
+        protocol: str = "current",
+        latency_s: float = 0.0,
+        hold_gradients: bool = False,
     ) -> None:
         self.protocol = protocol
         self.reject_samples = False  # answer every sample with bytes the SDK cannot parse (a broken server)
+        self.latency_s = latency_s
+        self.hold_gradients = hold_gradients
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: list[tuple[str, Any]] = []
@@ -166,10 +184,15 @@ class LoopbackTinker:
         with self._lock:
             return [body for name, body in self.requests if name == endpoint]
 
-    def future(self, payload: Any, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    def future(self, payload: Any, model_id: str | None = None, held: bool = False, **extra: Any) -> dict[str, Any]:
         request_id = uuid.uuid4().hex
-        self._results[request_id] = StoredResult(payload)
+        self._results[request_id] = StoredResult(payload, model_id, asyncio.Event() if held else None)
         return {"request_id": request_id, "model_id": model_id, **extra}
+
+    def release(self, model_id: str) -> None:
+        for result in self._results.values():
+            if result.model_id == model_id and result.released is not None:
+                result.released.set()  # called on the server's loop, from a route
 
     # --- training -------------------------------------------------------------------------------
 
@@ -197,6 +220,7 @@ class LoopbackTinker:
         params = body["adam_params"]  # the wire name of AdamParams
         self.trained_models.add(body["model_id"])
         self.models[body["model_id"]].adam(params["learning_rate"], params["beta1"], params["beta2"], params["eps"])
+        self.release(body["model_id"])
         return self.future({"metrics": {}}, body["model_id"])
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
@@ -270,6 +294,13 @@ LEGACY_SCHEMAS: dict[str, type[BaseModel]] = {
 
 def create_app(service: LoopbackTinker) -> FastAPI:
     app = FastAPI()
+
+    if service.latency_s:
+
+        @app.middleware("http")
+        async def network_latency(request: Request, call_next: Any) -> Response:
+            await asyncio.sleep(service.latency_s)
+            return await call_next(request)
 
     async def json_body(request: Request, endpoint: str) -> dict[str, Any]:
         body = await request.json()
@@ -346,7 +377,8 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         message = pb.ForwardBackwardRequest()
         message.ParseFromString(await request.body())
         service.record("forward_backward", message, request)
-        return service.future(service.forward_backward(message), message.model_id)
+        held = service.hold_gradients and not message.forward_only
+        return service.future(service.forward_backward(message), message.model_id, held=held)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict[str, Any]:
@@ -380,6 +412,11 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         result = service._results.get(body["request_id"])
         if result is None:
             return JSONResponse(status_code=404, content={"detail": "unknown request id"})
+        if result.released is not None:  # a long poll, as the real service's
+            try:
+                await asyncio.wait_for(result.released.wait(), LONG_POLL_S)
+            except TimeoutError:
+                return JSONResponse(status_code=408, content={"type": "try_again", "queue_state": "active"})
         if result.is_proto:
             return Response(content=result.payload, media_type=PROTOBUF)
         return JSONResponse(content=result.payload)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,17 @@ class Completion:
 class ForwardBackwardResult:
     loss_sum: float
     logprobs: list[list[float]]  # per datum, aligned with its target tokens
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """A training step's result, and how long each of its calls took to come back."""
+
+    result: ForwardBackwardResult
+    published: PublishedWeights
+    forward_backward_s: float  # from the start of the step until the gradients' result came back
+    optimizer_s: float  # then until the optimiser step's did
+    publish_s: float  # then until the new weights were published
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,25 @@ class TrainingBackend(ABC):
     @abstractmethod
     def optim_step(self, learning_rate: float) -> None:
         """Apply one Adam step (β1 0.9, β2 0.95, eps 1e-8) and clear the gradients."""
+
+    def train_step(self, data: Sequence[TrainingDatum], learning_rate: float, step: int) -> StepOutcome:
+        """One step's calls in order: gradients, Adam step, then the weights published as version `step`.
+
+        Here each call waits for the one before. A remote backend overrides it to send all three before waiting
+        for any (the service runs one model's requests in the order sent), as tinker-cookbook does."""
+        started = time.perf_counter()
+        result = self.forward_backward(data)
+        gradients_done = time.perf_counter()
+        self.optim_step(learning_rate)
+        optimizer_done = time.perf_counter()
+        published = self.publish_weights(step)
+        return StepOutcome(
+            result,
+            published,
+            forward_backward_s=gradients_done - started,
+            optimizer_s=optimizer_done - gradients_done,
+            publish_s=time.perf_counter() - optimizer_done,
+        )
 
     @abstractmethod
     def publish_weights(self, step: int) -> PublishedWeights:

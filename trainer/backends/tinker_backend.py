@@ -27,6 +27,7 @@ from trainer.backends.base import (
     ForwardBackwardResult,
     PublishedWeights,
     SamplingRequest,
+    StepOutcome,
     TrainingBackend,
     WarningLog,
 )
@@ -205,23 +206,55 @@ class TinkerBackend(TrainingBackend):
         return self._logprobs(output)
 
     def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
+        return self._gradients(data, self._submit_forward_backward(data).result(timeout=RESULT_TIMEOUT_S))
+
+    def optim_step(self, learning_rate: float) -> None:
+        self._submit_optim_step(learning_rate).result(timeout=RESULT_TIMEOUT_S)
+
+    def publish_weights(self, step: int) -> PublishedWeights:
+        return self._use_sampler(self._submit_publish().result(timeout=RESULT_TIMEOUT_S), step)
+
+    def train_step(self, data: Sequence[TrainingDatum], learning_rate: float, step: int) -> StepOutcome:
+        """The step's three calls are sent before any result is awaited: the SDK sends a model's requests in the
+        order they were made and the service runs them in that order, so the Adam step applies these gradients
+        and the published weights are the stepped ones, while the round trips overlap."""
+        started = time.perf_counter()
+        gradients = self._submit_forward_backward(data)
+        stepped = self._submit_optim_step(learning_rate)
+        sampler = self._submit_publish()
+        result = self._gradients(data, gradients.result(timeout=RESULT_TIMEOUT_S))
+        gradients_done = time.perf_counter()
+        stepped.result(timeout=RESULT_TIMEOUT_S)
+        optimizer_done = time.perf_counter()
+        published = self._use_sampler(sampler.result(timeout=RESULT_TIMEOUT_S), step)
+        return StepOutcome(
+            result,
+            published,
+            forward_backward_s=gradients_done - started,
+            optimizer_s=optimizer_done - gradients_done,
+            publish_s=time.perf_counter() - optimizer_done,
+        )
+
+    def _submit_forward_backward(self, data: Sequence[TrainingDatum]):
         datums = [self._datum(datum, with_advantages=True) for datum in data]
         loss = self._config.loss
-        output = self._training.forward_backward(datums, loss.name, loss.tinker_config()).result(
-            timeout=RESULT_TIMEOUT_S
-        )
+        return self._training.forward_backward(datums, loss.name, loss.tinker_config())
+
+    def _gradients(self, data: Sequence[TrainingDatum], output: tinker.ForwardBackwardOutput) -> ForwardBackwardResult:
         logprobs = self._logprobs(output)
         loss_sum = output.metrics.get("loss:sum")
         if loss_sum is None:  # compute it as the service defines it
-            loss_sum = loss.summed(data, logprobs)
+            loss_sum = self._config.loss.summed(data, logprobs)
         return ForwardBackwardResult(loss_sum=float(loss_sum), logprobs=logprobs)
 
-    def optim_step(self, learning_rate: float) -> None:
+    def _submit_optim_step(self, learning_rate: float):
         params = self._tinker.AdamParams(learning_rate=learning_rate, beta1=ADAM_BETA1, beta2=ADAM_BETA2, eps=ADAM_EPS)
-        self._training.optim_step(params).result(timeout=RESULT_TIMEOUT_S)
+        return self._training.optim_step(params)
 
-    def publish_weights(self, step: int) -> PublishedWeights:
-        sampler = self._training.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)
+    def _submit_publish(self):
+        return self._training.save_weights_and_get_sampling_client()
+
+    def _use_sampler(self, sampler: tinker.SamplingClient, step: int) -> PublishedWeights:
         with self._sampler_lock:
             self._sampler = sampler
             self.published = PublishedWeights(version=step, reference=getattr(sampler, "_sampling_session_id", None))
