@@ -31,6 +31,25 @@ def response(status: int, description: str, *, model: type[BaseModel] | None = N
     return {status: entry}
 
 
+def link(operation_id: str, **parameters: str) -> dict[str, Any]:
+    """An OpenAPI link to the operation `operation_id` (a route's function name), whose parameters take fields of
+    this response's body: `link("get_run", run_id="id")` says GET /runs/{run_id} takes the `id` answered here."""
+    values = {name: f"$response.body#/{field}" for name, field in parameters.items()}
+    return {"operationId": operation_id, "parameters": values}
+
+
+def linked(
+    status: int, description: str, links: dict[str, dict[str, Any]], *, model: type[BaseModel] | None = None
+) -> Responses:
+    """A success response documented with the operations its body leads to (clients and the stateful fuzz test
+    follow them: create, then read, list, stop or delete what was created). `model` only for a status other than
+    the route's own (whose body is its response model already)."""
+    entry: dict[str, Any] = {"description": description, "links": links}
+    if model is not None:
+        entry["model"] = model
+    return {status: entry}
+
+
 def error_responses(*status_codes: int) -> Responses:
     """OpenAPI entries for the error statuses a route documents (all share the one error body)."""
     return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in status_codes}

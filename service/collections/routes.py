@@ -21,7 +21,7 @@ from service.collections.schemas import (
 from service.deps import Ctx
 from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
-from service.schemas import error_responses
+from service.schemas import error_responses, link, linked
 from service.settings import Settings
 
 router = APIRouter(prefix="/collections", tags=["collections"], responses=error_responses(401, 403))
@@ -40,7 +40,16 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
     response_model=CollectionOut,
     status_code=202,
     summary="Collect trajectories (batch runner)",
-    responses=error_responses(413, 422),
+    responses=linked(
+        202,
+        "The accepted collection",
+        {
+            "GetCollection": link("get_collection", collection_id="id"),
+            "ListCollectionItems": link("list_collection_items", collection_id="id"),
+            "GetJob": link("get_job", job_id="job_id"),
+        },
+    )
+    | error_responses(413, 422),
     dependencies=[OPERATE],
 )
 async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> CollectionOut:

@@ -42,7 +42,7 @@ from service.errors import ValidationFailed
 from service.jobs.schemas import JobOut
 from service.names import NAME_PATTERN, name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
-from service.schemas import error_responses, json_error_responses, response
+from service.schemas import error_responses, json_error_responses, link, linked, response
 from service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], responses=error_responses(401, 403))
@@ -85,7 +85,17 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
     status_code=201,
     summary="Upload a dataset",
     openapi_extra=_UPLOAD_BODY,
-    responses=error_responses(404, 413, 422),
+    responses=linked(
+        201,
+        "The stored dataset",
+        {
+            "GetDataset": link("get_dataset", dataset_id="id"),
+            "GetRecords": link("get_records", dataset_id="id"),
+            "GetStats": link("get_stats", dataset_id="id"),
+            "DeleteDataset": link("delete_dataset", dataset_id="id"),
+        },
+    )
+    | error_responses(404, 413, 422),
     dependencies=[OPERATE],
 )
 async def upload_dataset(

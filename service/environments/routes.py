@@ -23,10 +23,16 @@ from service.environments.schemas import (
     WriteEnvironmentRequest,
 )
 from service.names import EnvironmentName
-from service.schemas import error_responses
+from service.schemas import error_responses, link, linked
 from service.settings import Backend
 
 router = APIRouter(prefix="/environments", tags=["environments"], responses=error_responses(401, 403))
+# What a written environment leads to: its source, its versions and its description, by the name answered.
+_WRITTEN_LINKS = {
+    "GetEnvironmentSource": link("get_environment_source", name="name"),
+    "ListEnvironmentVersions": link("list_environment_versions", name="name"),
+    "GetEnvironment": link("get_environment", name="name"),
+}
 
 
 @router.get("", response_model=EnvironmentList, summary="List the environments", dependencies=[READ])
@@ -91,7 +97,9 @@ async def get_environment_source(ctx: Ctx, name: EnvironmentName, response: Resp
     "/{name}",
     response_model=EnvironmentWritten,
     summary="Create or replace a managed environment",
-    responses=error_responses(404, 412, 413, 422),
+    responses=linked(200, "Replaced", _WRITTEN_LINKS)
+    | linked(201, "Created", _WRITTEN_LINKS, model=EnvironmentWritten)
+    | error_responses(404, 412, 413, 422),
     dependencies=[ADMIN],
 )
 async def put_environment(

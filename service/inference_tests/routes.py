@@ -18,7 +18,7 @@ from service.inference_tests.schemas import (
 )
 from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
-from service.schemas import error_responses
+from service.schemas import error_responses, link, linked
 
 router = APIRouter(prefix="/inference-tests", tags=["inference tests"], responses=error_responses(401, 403))
 InferenceTestId = Annotated[str, name_path("Inference test id, as returned by POST /inference-tests.")]
@@ -29,7 +29,8 @@ InferenceTestId = Annotated[str, name_path("Inference test id, as returned by PO
     response_model=InferenceTestOut,
     status_code=202,
     summary="Start an inference test",
-    responses=error_responses(404, 409, 413, 422),
+    responses=linked(202, "The queued test", {"GetInferenceTest": link("get_inference_test", test_id="id")})
+    | error_responses(404, 409, 413, 422),
     dependencies=[OPERATE],
 )
 async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> InferenceTestOut:

@@ -30,7 +30,7 @@ from service.runs.schemas import (
     RunResults,
     RunStatusOut,
 )
-from service.schemas import error_responses, json_error_responses, response
+from service.schemas import error_responses, json_error_responses, link, linked, response
 
 router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401, 403))
 # Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.
@@ -45,7 +45,16 @@ MAX_STEP = (1 << 63) - 1  # a step the databases can compare with (a larger one 
     response_model=RunOut,
     status_code=201,
     summary="Start a training run",
-    responses=error_responses(404, 409, 413, 422),
+    responses=linked(
+        201,
+        "The recorded run",
+        {
+            "GetRun": link("get_run", run_id="id"),
+            "CheckRunStatus": link("check_run_status", run_id="id"),
+            "StopRun": link("stop_run", run_id="id"),
+        },
+    )
+    | error_responses(404, 409, 413, 422),
     dependencies=[OPERATE],
 )
 async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> RunOut:
