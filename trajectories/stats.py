@@ -113,7 +113,7 @@ def tool_stats(record: TrajectoryRecord) -> dict[str, ToolCounts]:
             stats.setdefault(call.name, ToolCounts()).count += 1
             pending.append((call.id, call.name))
         if turn.role == "tool":
-            called = _take_call(pending, turn.tool_call_id)
+            called = _take_call(pending, turn.tool_call_id, turn.name)
             counts = stats.setdefault(called or turn.name or UNKNOWN_TOOL, ToolCounts())
             if called is None:
                 counts.count += 1
@@ -199,12 +199,16 @@ class DatasetStats:
         }
 
 
-def _take_call(pending: list[tuple[str, str]], call_id: str | None) -> str | None:
-    for index, (pending_id, name) in enumerate(pending):
-        if call_id is None or pending_id == call_id:
-            del pending[index]
-            return name
-    return None
+def _take_call(pending: list[tuple[str, str]], call_id: str | None, name: str | None) -> str | None:
+    """Pairs a result with the oldest open call it answers, so each call is counted once.
+
+    Agents reuse call ids (tau-bench does, even within one turn), so an id alone can name several open calls: a
+    result that also names its tool takes the open call with both its id and its name, else the oldest with its
+    id. A result without an id takes the oldest open call of its tool, else the oldest open call."""
+    candidates = [i for i, (pending_id, _) in enumerate(pending) if call_id is None or pending_id == call_id]
+    named = [i for i in candidates if pending[i][1] == name]
+    chosen = named or candidates
+    return pending.pop(chosen[0])[1] if chosen else None
 
 
 def _flags_failure(payload: dict[str, Any]) -> bool:

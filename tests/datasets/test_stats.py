@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 
 from trajectories.convert import TurnBuilder
 from trajectories.quantiles import DistributionSummary
-from trajectories.records import TrajectoryRecord, Turn
+from trajectories.records import ToolCall, TrajectoryRecord, Turn
 from trajectories.stats import (
     DatasetStats,
     compute_record_stats,
@@ -135,6 +137,30 @@ def test_completion_comes_from_the_source_or_else_from_a_final_answer() -> None:
     calling = build_record(("human", "q"), ("gpt", "", None, [("x", "f", {})]))
     assert is_completed(answered) and not is_completed(calling)
     assert not is_completed(TrajectoryRecord(turns=answered.turns, completed=False))
+
+
+def test_a_reused_call_id_counts_each_call_once_under_its_own_tool() -> None:
+    calls = (ToolCall("same", "search_direct", {}), ToolCall("same", "search_onestop", {}))
+    record = TrajectoryRecord(
+        turns=(
+            Turn("human", "fly me"),
+            Turn("gpt", "searching", tool_calls=calls),
+            # The results come back in the other order; each names its tool.
+            Turn("tool", "Error: no such route", tool_call_id="same", name="search_onestop"),
+            Turn("tool", "two flights", tool_call_id="same", name="search_direct"),
+            Turn("gpt", "", tool_calls=(ToolCall("same", "search_direct", {}),)),
+            Turn("tool", "one flight", tool_call_id="same", name="search_direct"),
+        )
+    )
+    counts = {name: (c.count, c.success, c.failure, c.unanswered) for name, c in tool_stats(record).items()}
+    assert counts == {"search_direct": (2, 2, 0, 0), "search_onestop": (1, 0, 1, 0)}
+
+
+def test_real_tau_bench_counts_each_call_once_per_tool(real_records, trajectories_dir: Path) -> None:
+    raw = json.loads((trajectories_dir / "tau-bench-gpt-4o-airline.json").read_text())
+    for item, record in zip(raw, real_records["tau-bench-gpt-4o-airline.json"], strict=True):
+        called = Counter(c["function"]["name"] for m in item["traj"] for c in m.get("tool_calls") or ())
+        assert {name: c.count for name, c in tool_stats(record).items()} == dict(called)
 
 
 def test_real_tau_bench_results_are_all_counted(real_records, approx_counter) -> None:
