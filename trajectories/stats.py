@@ -12,6 +12,9 @@ from trajectories.tags import has_reasoning, parse_tagged_tool_response
 from trajectories.tokens import TokenCounter
 
 UNKNOWN_TOOL = "unknown"
+# A result whose first characters mention an error failed, as the collection runner this follows counts them.
+ERROR_MARKER = "error"
+ERROR_WINDOW = 100
 
 
 @dataclass
@@ -82,8 +85,8 @@ class RecordStats:
 
 
 def tool_result_failed(turn: Turn) -> bool:
-    """A result fails when the source says so, or it carries a non-null ``error``, ``success: false``, is
-    empty, or starts with ``error:``. A mere mention of "error" elsewhere in the text is not a failure."""
+    """A result fails when the source says so; otherwise when it carries a non-null ``error`` or
+    ``success: false``, is empty, or mentions "error" (any case) in its first 100 characters."""
     if turn.success is not None:
         return not turn.success
     wrapper = parse_tagged_tool_response(turn.value)
@@ -218,11 +221,11 @@ def _flags_failure(payload: dict[str, Any]) -> bool:
 def _content_failed(content: Any) -> bool:
     if content is None:
         return True
-    if isinstance(content, dict):
-        return _flags_failure(content)
-    text = content if isinstance(content, str) else json.dumps(content)
+    if isinstance(content, dict) and _flags_failure(content):
+        return True
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     stripped = text.strip()
-    if not stripped or stripped.lower().startswith("error:"):
+    if not stripped or ERROR_MARKER in text[:ERROR_WINDOW].lower():
         return True
     if stripped.startswith("{"):
         try:
