@@ -129,6 +129,18 @@ def tool_stats(record: TrajectoryRecord) -> dict[str, ToolCounts]:
     return stats
 
 
+RECORD_STATS_KEYS = ("tool_stats", "reasoning_stats", "api_calls")
+
+
+def record_stats_fields(record: TrajectoryRecord) -> dict[str, Any]:
+    """The per-record statistics a stored or exported record carries beside its turns (derived, never read)."""
+    return {
+        "tool_stats": {name: counts.as_dict() for name, counts in sorted(tool_stats(record).items())},
+        "reasoning_stats": reasoning_stats(record).as_dict(),
+        "api_calls": sum(1 for turn in record.turns if turn.role == "gpt"),
+    }
+
+
 def compute_record_stats(record: TrajectoryRecord, counter: TokenCounter) -> RecordStats:
     by_role: dict[str, int] = dict.fromkeys(ROLES, 0)
     for turn in record.turns:

@@ -225,3 +225,14 @@ def test_a_batch_runner_record_uploads_with_stats_recomputed_from_its_turns(serv
         assert stats["tool_stats"]["terminal"] == {**stats["tool_stats"]["terminal"], "count": 1, "success": 1}
         [stored] = client.get(f"/datasets/{created.json()['id']}/records").json()["records"]
         assert stored["metadata"]["toolsets_used"] == ["terminal"]
+        # Each stored and exported line carries its own statistics, from its turns.
+        assert stored["tool_stats"]["terminal"]["count"] == 1 and stored["api_calls"] == 2
+        assert stored["reasoning_stats"]["turns_with_reasoning"] == 1
+        exported = client.get(f"/datasets/{created.json()['id']}/export")
+        plain = json.loads(client.get(f"/datasets/{created.json()['id']}/export", params={"format": "sharegpt"}).text)
+        for line in (json.loads(exported.text), plain):
+            assert {k: line[k] for k in ("tool_stats", "reasoning_stats", "api_calls")} == {
+                k: stored[k] for k in ("tool_stats", "reasoning_stats", "api_calls")
+            }
+        again = client.post("/datasets", params={"name": "again"}, content=exported.content).json()
+        assert client.get(f"/datasets/{again['id']}/export").content == exported.content
