@@ -17,7 +17,7 @@ from trajectories.convert import UNKNOWN_FORMAT, ConversionError
 from trajectories.formats.chat import import_openai, import_swe_agent, import_tau_bench
 from trajectories.formats.openhands import import_openhands
 from trajectories.formats.responses import import_responses
-from trajectories.formats.sharegpt import import_llamafactory, import_rlctl, import_sharegpt
+from trajectories.formats.sharegpt import import_batch_runner, import_llamafactory, import_rlctl, import_sharegpt
 from trajectories.reading import Container, ItemError, RawItem, read_items
 from trajectories.records import TrajectoryRecord
 
@@ -32,6 +32,7 @@ FORMATS: dict[str, Importer] = {
     "llamafactory": import_llamafactory,
     "openhands": import_openhands,
     "rlctl": import_rlctl,
+    "batch_runner": import_batch_runner,
 }
 FORMAT_NAMES: tuple[str, ...] = ("auto", *FORMATS)
 
@@ -117,6 +118,11 @@ def _is_openai(value: Any) -> bool:
     return _is_message_list(value, "role")
 
 
+def _is_batch_runner(value: Any) -> bool:
+    """A ShareGPT ``trajectory`` list (a SWE-agent ``trajectory`` holds steps, not turns)."""
+    return isinstance(value, Mapping) and _is_message_list(value.get("trajectory"), "from")
+
+
 _SHAPES: tuple[tuple[str, Callable[[Any], bool]], ...] = (
     ("rlctl", _is_rlctl),
     ("sharegpt", _is_sharegpt),
@@ -129,6 +135,7 @@ _SHAPES: tuple[tuple[str, Callable[[Any], bool]], ...] = (
     ),
     ("llamafactory", _has_typed_value_parts),
     ("openai", _is_openai),
+    ("batch_runner", _is_batch_runner),
 )
 
 

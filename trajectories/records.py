@@ -23,6 +23,10 @@ RECORD_KEYS = frozenset(
         "completed",
         "reward",
         "reward_breakdown",
+        # Statistics derived from the turns, written beside them for readers; recomputed, never read back.
+        "tool_stats",
+        "reasoning_stats",
+        "api_calls",
     }
 )
 

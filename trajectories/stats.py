@@ -12,6 +12,9 @@ from trajectories.tags import has_reasoning, parse_tagged_tool_response
 from trajectories.tokens import TokenCounter
 
 UNKNOWN_TOOL = "unknown"
+# A result whose first characters mention an error failed, as the collection runner this follows counts them.
+ERROR_MARKER = "error"
+ERROR_WINDOW = 100
 
 
 @dataclass
@@ -82,8 +85,8 @@ class RecordStats:
 
 
 def tool_result_failed(turn: Turn) -> bool:
-    """A result fails when the source says so, or it carries a non-null ``error``, ``success: false``, is
-    empty, or starts with ``error:``. A mere mention of "error" elsewhere in the text is not a failure."""
+    """A result fails when the source says so; otherwise when it carries a non-null ``error`` or
+    ``success: false``, is empty, or mentions "error" (any case) in its first 100 characters."""
     if turn.success is not None:
         return not turn.success
     wrapper = parse_tagged_tool_response(turn.value)
@@ -113,7 +116,7 @@ def tool_stats(record: TrajectoryRecord) -> dict[str, ToolCounts]:
             stats.setdefault(call.name, ToolCounts()).count += 1
             pending.append((call.id, call.name))
         if turn.role == "tool":
-            called = _take_call(pending, turn.tool_call_id)
+            called = _take_call(pending, turn.tool_call_id, turn.name)
             counts = stats.setdefault(called or turn.name or UNKNOWN_TOOL, ToolCounts())
             if called is None:
                 counts.count += 1
@@ -124,6 +127,18 @@ def tool_stats(record: TrajectoryRecord) -> dict[str, ToolCounts]:
     for _, name in pending:
         stats[name].unanswered += 1
     return stats
+
+
+RECORD_STATS_KEYS = ("tool_stats", "reasoning_stats", "api_calls")
+
+
+def record_stats_fields(record: TrajectoryRecord) -> dict[str, Any]:
+    """The per-record statistics a stored or exported record carries beside its turns (derived, never read)."""
+    return {
+        "tool_stats": {name: counts.as_dict() for name, counts in sorted(tool_stats(record).items())},
+        "reasoning_stats": reasoning_stats(record).as_dict(),
+        "api_calls": sum(1 for turn in record.turns if turn.role == "gpt"),
+    }
 
 
 def compute_record_stats(record: TrajectoryRecord, counter: TokenCounter) -> RecordStats:
@@ -199,12 +214,16 @@ class DatasetStats:
         }
 
 
-def _take_call(pending: list[tuple[str, str]], call_id: str | None) -> str | None:
-    for index, (pending_id, name) in enumerate(pending):
-        if call_id is None or pending_id == call_id:
-            del pending[index]
-            return name
-    return None
+def _take_call(pending: list[tuple[str, str]], call_id: str | None, name: str | None) -> str | None:
+    """Pairs a result with the oldest open call it answers, so each call is counted once.
+
+    Agents reuse call ids (tau-bench does, even within one turn), so an id alone can name several open calls: a
+    result that also names its tool takes the open call with both its id and its name, else the oldest with its
+    id. A result without an id takes the oldest open call of its tool, else the oldest open call."""
+    candidates = [i for i, (pending_id, _) in enumerate(pending) if call_id is None or pending_id == call_id]
+    named = [i for i in candidates if pending[i][1] == name]
+    chosen = named or candidates
+    return pending.pop(chosen[0])[1] if chosen else None
 
 
 def _flags_failure(payload: dict[str, Any]) -> bool:
@@ -214,11 +233,11 @@ def _flags_failure(payload: dict[str, Any]) -> bool:
 def _content_failed(content: Any) -> bool:
     if content is None:
         return True
-    if isinstance(content, dict):
-        return _flags_failure(content)
-    text = content if isinstance(content, str) else json.dumps(content)
+    if isinstance(content, dict) and _flags_failure(content):
+        return True
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     stripped = text.strip()
-    if not stripped or stripped.lower().startswith("error:"):
+    if not stripped or ERROR_MARKER in text[:ERROR_WINDOW].lower():
         return True
     if stripped.startswith("{"):
         try:

@@ -14,7 +14,7 @@ from service.datasets.tokenizers import MemoCounter
 from service.db.models import Dataset
 from service.db.types import utcnow
 from trajectories.records import TrajectoryRecord, record_to_dict
-from trajectories.stats import DatasetStats, compute_record_stats
+from trajectories.stats import DatasetStats, compute_record_stats, record_stats_fields
 from trajectories.tokens import TokenCounter
 
 
@@ -77,7 +77,7 @@ class DatasetBuilder:
         self.formats[record.source_format] += 1
         if record.reward is not None:
             self.rewards.add(record.reward)
-        self.writer.write(record_to_dict(record))
+        self.writer.write({**record_to_dict(record), **record_stats_fields(record)})
 
     def add_metrics(self, metrics: dict[str, Any]) -> None:
         """Per-record metrics of the operation (compression), paged like the records."""

@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.names import NAME_PATTERN
 
 UploadFormat = Literal[
-    "auto", "openai", "sharegpt", "responses", "swe_agent", "tau_bench", "llamafactory", "openhands", "rlctl"
+    "auto",
+    "openai",
+    "sharegpt",
+    "responses",
+    "swe_agent",
+    "tau_bench",
+    "llamafactory",
+    "openhands",
+    "rlctl",
+    "batch_runner",
 ]
 OnError = Literal["fail", "skip"]
 ContainerName = Literal["auto", "jsonl", "json"]

@@ -56,6 +56,7 @@ from trajectories.importing import import_item
 from trajectories.reading import ItemError, ItemTooLarge
 from trajectories.records import record_from_dict
 from trajectories.rewards import BUILTIN_REWARDS
+from trajectories.stats import record_stats_fields
 
 logger = logging.getLogger("rlctl.datasets")
 
@@ -368,4 +369,5 @@ def _sharegpt_lines(handle: BinaryIO) -> Iterator[bytes]:
             line["conversations"] = [{"from": turn.role, "value": turn.value} for turn in record.turns]
             if record.reward is not None:
                 line["reward"] = record.reward
+            line.update(record_stats_fields(record))
             yield (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")

@@ -302,3 +302,43 @@ def test_any_json_item_gives_a_record_or_an_error_never_an_exception(value, fmt)
     assert isinstance(outcome, ImportedRecord | ItemError)
     if isinstance(outcome, ImportedRecord):
         assert outcome.record.turns
+
+
+BATCH_RUNNER_RECORD = {
+    "prompt_index": 3,
+    "trajectory": [
+        {"from": "system", "value": "You are an agent."},
+        {"from": "human", "value": "List the files."},
+        {
+            "from": "gpt",
+            "value": '<think>run ls</think>\n<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n'
+            "</tool_call>",
+        },
+        {"from": "tool", "value": '<tool_response>\n{"tool_call_id": "call_1", "content": "a.txt"}\n</tool_response>'},
+        {"from": "gpt", "value": "There is a.txt."},
+    ],
+    "tool_stats": {"terminal": {"count": 1, "success": 1, "failure": 0}},
+    "reasoning_stats": {"total_assistant_turns": 2, "turns_with_reasoning": 1},
+    "completed": True,
+    "api_calls": 2,
+    "toolsets_used": ["terminal"],
+}
+
+
+def test_a_batch_runner_record_is_detected_and_keeps_completion_and_toolsets() -> None:
+    assert detect_format(BATCH_RUNNER_RECORD) == "batch_runner"
+    record = only_record(list(import_lines([json.dumps(BATCH_RUNNER_RECORD)])))
+    assert record.source_format == "batch_runner" and record.completed is True
+    assert [t.role for t in record.turns] == ["system", "human", "gpt", "tool", "gpt"]
+    assert [(c.id, c.name) for c in record.turns[2].tool_calls] == [("call_1", "terminal")]
+    assert record.turns[3].tool_call_id == "call_1" and record.turns[3].name == "terminal"
+    # The runner's own statistics are recomputed from the turns; the rest is metadata.
+    assert record.metadata == {"prompt_index": 3, "toolsets_used": ["terminal"]}
+    # A SWE-agent `trajectory` (steps, not turns) is not taken for one.
+    assert detect_format({"trajectory": [{"action": "ls", "observation": "a"}]}) is None
+
+
+def test_a_batch_runner_record_of_chat_messages_is_a_clear_error() -> None:
+    item = {**BATCH_RUNNER_RECORD, "trajectory": [{"role": "user", "content": "x"}]}
+    [error] = errors_of([json.dumps(item)], fmt="batch_runner")
+    assert error.code == "INVALID_RECORD" and error.path == "trajectory[0]"

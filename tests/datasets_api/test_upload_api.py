@@ -9,6 +9,7 @@ from pathlib import Path
 
 from service.settings import Settings
 from tests.datasets.realdata import EXPECTED_FILES, import_file
+from tests.datasets.test_importing import BATCH_RUNNER_RECORD
 from tests.datasets_api.conftest import upload, wait_job
 from tests.support.live import Service, in_process_service
 from trajectories.importing import ImportedRecord
@@ -212,3 +213,26 @@ def test_delete_keeps_lineage_of_children(service: Service, trajectories: Path) 
         child = client.get(f"/datasets/{child_id}").json()
         assert child["parent_id"] == parent["id"] and child["operation"] == "filter"
         assert not (service.settings.data_path / "datasets" / parent["id"]).exists()
+
+
+def test_a_batch_runner_record_uploads_with_stats_recomputed_from_its_turns(service: Service) -> None:
+    wrong_stats = {**BATCH_RUNNER_RECORD, "tool_stats": {"terminal": {"count": 9, "success": 0, "failure": 9}}}
+    with service.client() as client:
+        created = client.post("/datasets", params={"name": "batch"}, content=json.dumps(wrong_stats).encode())
+        assert created.status_code == 201, created.text
+        stats = client.get(f"/datasets/{created.json()['id']}/stats").json()["stats"]
+        assert stats["source_formats"] == {"batch_runner": 1} and stats["completion_rate"] == 1.0
+        assert stats["tool_stats"]["terminal"] == {**stats["tool_stats"]["terminal"], "count": 1, "success": 1}
+        [stored] = client.get(f"/datasets/{created.json()['id']}/records").json()["records"]
+        assert stored["metadata"]["toolsets_used"] == ["terminal"]
+        # Each stored and exported line carries its own statistics, from its turns.
+        assert stored["tool_stats"]["terminal"]["count"] == 1 and stored["api_calls"] == 2
+        assert stored["reasoning_stats"]["turns_with_reasoning"] == 1
+        exported = client.get(f"/datasets/{created.json()['id']}/export")
+        plain = json.loads(client.get(f"/datasets/{created.json()['id']}/export", params={"format": "sharegpt"}).text)
+        for line in (json.loads(exported.text), plain):
+            assert {k: line[k] for k in ("tool_stats", "reasoning_stats", "api_calls")} == {
+                k: stored[k] for k in ("tool_stats", "reasoning_stats", "api_calls")
+            }
+        again = client.post("/datasets", params={"name": "again"}, content=exported.content).json()
+        assert client.get(f"/datasets/{again['id']}/export").content == exported.content

@@ -62,6 +62,33 @@ def import_sharegpt(item: Any) -> TrajectoryRecord:
     )
 
 
+# Statistics a batch runner wrote beside its trajectory; rlctl recomputes them from the turns, so they are not kept.
+BATCH_RUNNER_STATS = ("tool_stats", "reasoning_stats", "api_calls")
+
+
+def import_batch_runner(item: Any) -> TrajectoryRecord:
+    """A batch runner's record: ``{"trajectory": [{from, value}, ...], "completed", "tool_stats", ...}``.
+
+    The trajectory is ShareGPT turns (an OpenAI message list is refused with a clear error); ``completed`` is
+    kept, the runner's own statistics are dropped, and its other keys (``toolsets_used``, ...) become metadata.
+    """
+    item = require_mapping(item, "a batch runner record")
+    turns = require_list(item, "trajectory")
+    if turns and isinstance(turns[0], Mapping) and "from" not in turns[0]:
+        raise ConversionError(INVALID_RECORD, "trajectory turns must be ShareGPT {from, value}", "trajectory[0]")
+    builder = TurnBuilder()
+    for index, turn in enumerate(turns):
+        _add_sharegpt_turn(builder, turn, f"trajectory[{index}]")
+    built = builder.build()
+    return TrajectoryRecord(
+        turns=built,
+        metadata=other_keys(item, ("trajectory", "completed", *BATCH_RUNNER_STATS)),
+        source_format="batch_runner",
+        declared_tools=_declared_tools(item.get("tools"), built[0].value if built[0].role == "system" else ""),
+        completed=optional_bool(item.get("completed")),
+    )
+
+
 def import_llamafactory(item: Any) -> TrajectoryRecord:
     """LLaMA-Factory "v1": ``{"messages": [{role, content: [{type, value}]}]}``.
 
