@@ -8,10 +8,10 @@ from service.tools.dataset_tools import DATASET_TOOLS
 from service.tools.environment_tools import ENVIRONMENT_TOOLS
 from service.tools.inference_tools import INFERENCE_TOOLS
 from service.tools.registry import Tool, ToolNotFound
-from service.tools.rl_tools import RL_TOOLS
+from service.tools.rl_tools import EVALUATION_TOOLS, RL_TOOLS
 
 # The reference's ten first (rl_test_inference last of them), then the others.
-ALL_TOOLS: tuple[Tool[Any], ...] = (*RL_TOOLS, *INFERENCE_TOOLS, *DATASET_TOOLS, *ENVIRONMENT_TOOLS)
+ALL_TOOLS: tuple[Tool[Any], ...] = (*RL_TOOLS, *INFERENCE_TOOLS, *EVALUATION_TOOLS, *DATASET_TOOLS, *ENVIRONMENT_TOOLS)
 _BY_NAME = {tool.name: tool for tool in ALL_TOOLS}
 
 

@@ -300,6 +300,20 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         scope=Scope.READ,
     ),
     Tool(
+        "rl_list_runs",
+        "List training runs, newest first, optionally by status or environment, a page at a time: when has_more "
+        "is true, call again with cursor = next_cursor. Not rate limited.",
+        ListRunsArgs,
+        RunsResult,
+        list_runs,
+        Hints(read_only=True, idempotent=True),
+        scope=Scope.READ,
+    ),
+)
+
+# After the inference tools in the catalog: agents see the nine run tools and rl_test_inference first.
+EVALUATION_TOOLS: tuple[Tool[Any], ...] = (
+    Tool(
         "rl_evaluate",
         "Evaluate a run: sample its base model and checkpoints (default: the newest) on the same held-out prompts, "
         "score them with the same rewards and compare (mean reward, difference to the base with a 95 % bootstrap "
@@ -317,16 +331,6 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         EvaluationArgs,
         EvaluationOut,
         get_evaluation,
-        Hints(read_only=True, idempotent=True),
-        scope=Scope.READ,
-    ),
-    Tool(
-        "rl_list_runs",
-        "List training runs, newest first, optionally by status or environment, a page at a time: when has_more "
-        "is true, call again with cursor = next_cursor. Not rate limited.",
-        ListRunsArgs,
-        RunsResult,
-        list_runs,
         Hints(read_only=True, idempotent=True),
         scope=Scope.READ,
     ),
