@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,8 +15,10 @@ from service.auth.scopes import Scope
 from service.auth.tokens import TokenStore
 from service.db.engine import Database
 from service.db.models import Run
-from service.settings import BUILTIN_ENVIRONMENTS_DIR, Settings
+from service.settings import BUILTIN_ENVIRONMENTS_DIR
+from tests.conftest import build_settings
 from tests.support import mcp_raw
+from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
 from tests.support.live import LiveService, live_service
 
 ADMIN_TOKEN = "authoring-admin-token"
@@ -37,8 +39,14 @@ def sha256(text: str) -> str:
 
 
 @pytest.fixture
-def live(make_settings: Callable[..., Settings]) -> Iterator[LiveService]:
-    with live_service(make_settings(api_token=ADMIN_TOKEN)) as service:
+def live(tmp_path: Path, session_databases: MigratedDatabases) -> Iterator[LiveService]:
+    """One database, PostgreSQL where configured: the checks run in child processes (seconds each) and versions
+    are files; the database keeps only the runs that `delete` asks about."""
+    kind = database_kinds()[-1]
+    with (
+        fresh_database(kind, tmp_path, session_databases) as url,
+        live_service(build_settings(tmp_path / "var", url, api_token=ADMIN_TOKEN)) as service,
+    ):
         yield service
 
 
