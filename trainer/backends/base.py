@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,27 @@ class StepOutcome:
     forward_backward_s: float  # from the start of the step until the gradients' result came back
     optimizer_s: float  # then until the optimiser step's did
     publish_s: float  # then until the new weights were published
+
+
+def timed_step(
+    started: float,
+    gradients: Callable[[], ForwardBackwardResult],
+    stepped: Callable[[], object],
+    published: Callable[[], PublishedWeights],
+) -> StepOutcome:
+    """Wait for a step's three results in order, timing each from `started` (the step's first call)."""
+    result = gradients()
+    gradients_done = time.perf_counter()
+    stepped()
+    optimizer_done = time.perf_counter()
+    weights = published()
+    return StepOutcome(
+        result,
+        weights,
+        forward_backward_s=gradients_done - started,
+        optimizer_s=optimizer_done - gradients_done,
+        publish_s=time.perf_counter() - optimizer_done,
+    )
 
 
 @dataclass(frozen=True)
@@ -154,18 +175,11 @@ class TrainingBackend(ABC):
 
         Here each call waits for the one before. A remote backend overrides it to send all three before waiting
         for any (the service runs one model's requests in the order sent), as tinker-cookbook does."""
-        started = time.perf_counter()
-        result = self.forward_backward(data)
-        gradients_done = time.perf_counter()
-        self.optim_step(learning_rate)
-        optimizer_done = time.perf_counter()
-        published = self.publish_weights(step)
-        return StepOutcome(
-            result,
-            published,
-            forward_backward_s=gradients_done - started,
-            optimizer_s=optimizer_done - gradients_done,
-            publish_s=time.perf_counter() - optimizer_done,
+        return timed_step(
+            time.perf_counter(),
+            lambda: self.forward_backward(data),
+            lambda: self.optim_step(learning_rate),
+            lambda: self.publish_weights(step),
         )
 
     @abstractmethod

@@ -30,6 +30,7 @@ from trainer.backends.base import (
     StepOutcome,
     TrainingBackend,
     WarningLog,
+    timed_step,
 )
 from trainer.backends.tinker_protocol import (
     SentParameter,
@@ -222,17 +223,11 @@ class TinkerBackend(TrainingBackend):
         gradients = self._submit_forward_backward(data)
         stepped = self._submit_optim_step(learning_rate)
         sampler = self._submit_publish()
-        result = self._gradients(data, gradients.result(timeout=RESULT_TIMEOUT_S))
-        gradients_done = time.perf_counter()
-        stepped.result(timeout=RESULT_TIMEOUT_S)
-        optimizer_done = time.perf_counter()
-        published = self._use_sampler(sampler.result(timeout=RESULT_TIMEOUT_S), step)
-        return StepOutcome(
-            result,
-            published,
-            forward_backward_s=gradients_done - started,
-            optimizer_s=optimizer_done - gradients_done,
-            publish_s=time.perf_counter() - optimizer_done,
+        return timed_step(
+            started,
+            lambda: self._gradients(data, gradients.result(timeout=RESULT_TIMEOUT_S)),
+            lambda: stepped.result(timeout=RESULT_TIMEOUT_S),
+            lambda: self._use_sampler(sampler.result(timeout=RESULT_TIMEOUT_S), step),
         )
 
     def _submit_forward_backward(self, data: Sequence[TrainingDatum]):
