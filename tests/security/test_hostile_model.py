@@ -17,6 +17,7 @@ from service.collections.sandbox import Sandbox
 from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.live import live_service
+from tests.support.reaper import processes_named
 from tests.support.waiting import wait_until
 
 TOKEN = "rlctl-api-token-stolen-7c1"
@@ -130,23 +131,11 @@ def test_a_hostile_model_cannot_escape_steal_or_persist(
     assert not (data_dir / "escaped.txt").exists()
     assert b"pwned" not in database.read_bytes() and b"junk" not in database.read_bytes()
     assert original is None or database.read_bytes() == original
-    wait_until(lambda: not _processes_named(MARKER), timeout=10, message="nothing the model started survives")
+    wait_until(lambda: not processes_named(MARKER), timeout=10, message="nothing the model started survives")
 
 
 def _response_body(value: str) -> str:
     return value.split("<tool_response>", 1)[1].rsplit("</tool_response>", 1)[0].strip()
-
-
-def _processes_named(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_a_collection_stops_at_its_total_size(make_settings: Callable[..., Settings]) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from service.collections.sandbox import Sandbox, SandboxUnavailable, find_sandbox, require_sandbox
 from service.collections.tools import TOOL_NAMES, Toolbox
+from tests.support.reaper import processes_named
 from tests.support.waiting import wait_until
 
 SECRET = "sk-or-planted-secret-9f"
@@ -92,10 +93,10 @@ def test_every_process_ends_with_the_call_even_new_sessions(toolbox: Toolbox) ->
     marker = "rlctl-sandbox-escape-marker"
     result = run(toolbox, f"setsid sh -c 'exec -a {marker} sleep 600' </dev/null >/dev/null 2>&1 & disown; echo ok")
     assert result["exit_code"] == 0
-    wait_until(lambda: not _processes_named(marker), timeout=10, message="no sandboxed process outlives its call")
+    wait_until(lambda: not processes_named(marker), timeout=10, message="no sandboxed process outlives its call")
     stuck = run(toolbox, f"(exec -a {marker} sleep 600) & sleep 600")
     assert stuck["error"].startswith("timed out")
-    wait_until(lambda: not _processes_named(marker), timeout=10, message="no process outlives a timed-out call")
+    wait_until(lambda: not processes_named(marker), timeout=10, message="no process outlives a timed-out call")
 
 
 def test_links_made_in_the_sandbox_cannot_make_the_file_tools_escape(toolbox: Toolbox, outside: Path) -> None:
@@ -129,15 +130,3 @@ def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Pa
     unsandboxed = Toolbox(list(TOOL_NAMES), tmp_path, timeout_s=1.0, output_limit=100, runner=None)
     result = json.loads(unsandboxed.call("terminal", {"command": "touch ran"}))
     assert "never runs unsandboxed" in result["error"] and not (tmp_path / "ran").exists()
-
-
-def _processes_named(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
