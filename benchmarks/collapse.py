@@ -22,17 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.ports import free_ports  # noqa: E402
-from tests.trainer.pipeline import (  # noqa: E402
-    child_environment,
-    processes,
-    start_api,
-    start_environment,
-    start_trainer,
-    step_metrics,
-    wait_http,
-    write_run_yaml,
-)
+from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics  # noqa: E402
 from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 COLLAPSED_BELOW = 0.01
@@ -52,26 +42,20 @@ class RunOutcome:
 
 
 def run_once(workdir: Path, model_dir: Path, loss: str, steps: int, seed: int) -> RunOutcome:
-    api_port, inference_port = free_ports(2)
     run_dir = workdir / f"{loss}-seed{seed}"
-    config = write_run_yaml(
+    started = time.monotonic()
+    run = run_echo_pipeline(
         run_dir,
         model_dir=model_dir,
-        api_port=api_port,
-        inference_port=inference_port,
         total_steps=steps,
+        environment=child_environment(workdir / "var"),
+        timeout_s=3600,
+        start_timeout_s=600,
         env={"seed": seed, "steps_per_eval": 10 * steps},
         tinker={"seed": seed, "loss_fn": loss},
     )
-    environment = child_environment(workdir / "var")
-    started = time.monotonic()
-    with processes() as start:
-        start_api(start, run_dir, api_port, environment)
-        trainer = start_trainer(start, config, environment)
-        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 600)
-        start_environment(start, "echo.py", config, environment)
-        if trainer.popen.wait(timeout=3600) != 0:
-            raise SystemExit(f"{run_dir.name}: the trainer failed:\n{trainer.log_tail()}")
+    if run.exit_code != 0:
+        raise SystemExit(f"{run_dir.name}: the trainer failed:\n{run.trainer.log_tail()}")
     rewards = [record["metrics"]["reward/mean"] for record in step_metrics(run_dir)]
     quarter = max(1, len(rewards) // 4)
     return RunOutcome(

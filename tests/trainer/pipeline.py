@@ -10,12 +10,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from tests.support.live import free_port
 from tests.support.waiting import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -245,3 +247,46 @@ def step_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def trainer_state(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "trainer_state.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+@dataclass(frozen=True)
+class EchoRun:
+    """An offline echo run that has ended: the trainer's exit code and process (its log stays readable), and the
+    environment's log as it was when the trainer exited (before the environment was stopped)."""
+
+    exit_code: int
+    trainer: Process
+    environment_log: str
+
+
+def run_echo_pipeline(
+    run_dir: Path,
+    *,
+    model_dir: Path,
+    total_steps: int,
+    environment: dict[str, str],
+    timeout_s: float,
+    start_timeout_s: float = 90,
+    env: dict[str, Any] | None = None,
+    tinker: dict[str, Any] | None = None,
+) -> EchoRun:
+    """`run-api`, the trainer on the local backend and `environments/echo.py`, wired by one run YAML, until the
+    trainer exits (within `timeout_s`); every process is stopped on the way out."""
+    api_port, inference_port = free_port(), free_port()
+    config = write_run_yaml(
+        run_dir,
+        model_dir=model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=total_steps,
+        env=env,
+        tinker=tinker,
+    )
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, start_timeout_s)
+        echo = start_environment(start, "echo.py", config, environment)
+        exit_code = trainer.wait(timeout_s)
+        environment_log = echo.log_text()
+    return EchoRun(exit_code, trainer, environment_log)

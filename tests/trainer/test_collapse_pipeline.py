@@ -7,32 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.live import free_port
-from tests.trainer.pipeline import (
-    child_environment,
-    processes,
-    start_api,
-    start_environment,
-    start_trainer,
-    step_metrics,
-    trainer_state,
-    wait_http,
-    write_run_yaml,
-)
+from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics, trainer_state
 
 TOTAL_STEPS = 60
 COLLAPSE_STEPS = 3
 
 
 def test_a_learning_rate_far_too_high_collapses_and_stops_the_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / "echo-too-fast"
-    config = write_run_yaml(
+    run = run_echo_pipeline(
         run_dir,
         model_dir=tiny_model_dir,
-        api_port=api_port,
-        inference_port=inference_port,
         total_steps=TOTAL_STEPS,
+        environment=child_environment(tmp_path / "var", WANDB_MODE="disabled"),
+        timeout_s=600,
         tinker={
             "learning_rate": 1.0,  # 100 x the local default
             "loss_fn": "importance_sampling",
@@ -41,13 +29,7 @@ def test_a_learning_rate_far_too_high_collapses_and_stops_the_run(tiny_model_dir
             "stop_on_collapse": True,
         },
     )
-    environment = child_environment(tmp_path / "var", WANDB_MODE="disabled")
-    with processes() as start:
-        start_api(start, run_dir, api_port, environment)
-        trainer = start_trainer(start, config, environment)
-        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
-        start_environment(start, "echo.py", config, environment)
-        exit_code = trainer.wait(600)
+    exit_code = run.exit_code
     records = step_metrics(run_dir)
     rewards = [
         (r["step"], round(r["metrics"]["reward/mean"], 3), r["metrics"]["completion/mean_tokens"]) for r in records

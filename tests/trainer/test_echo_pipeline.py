@@ -8,47 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.live import free_port
-from tests.trainer.pipeline import (
-    child_environment,
-    processes,
-    start_api,
-    start_environment,
-    start_trainer,
-    step_metrics,
-    trainer_state,
-    wait_http,
-    write_run_yaml,
-)
-
-pytestmark = pytest.mark.e2e
+from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics, trainer_state
 
 TOTAL_STEPS = 32
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_echo_run_learns_and_completes(tiny_model_dir: Path, tmp_path: Path, seed: int) -> None:
-    api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / f"echo-seed{seed}"
-    config = write_run_yaml(
+    # W&B in offline mode: the trainer must mirror its metrics and record the run's name.
+    run = run_echo_pipeline(
         run_dir,
         model_dir=tiny_model_dir,
-        api_port=api_port,
-        inference_port=inference_port,
         total_steps=TOTAL_STEPS,
+        environment=child_environment(tmp_path / "var", WANDB_MODE="offline"),
+        timeout_s=240,
         env={"seed": seed, "steps_per_eval": 16},
         tinker={"seed": seed},
     )
-    # W&B in offline mode: the trainer must mirror its metrics and record the run's name.
-    environment = child_environment(tmp_path / "var", WANDB_MODE="offline")
-    with processes() as start:
-        start_api(start, run_dir, api_port, environment)
-        trainer = start_trainer(start, config, environment)
-        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
-        env = start_environment(start, "echo.py", config, environment)
-        exit_code = trainer.wait(240)
-        assert exit_code == 0, trainer.log_tail()
-        assert "Traceback" not in env.log_text(), env.log_tail()
+    assert run.exit_code == 0, run.trainer.log_tail()
+    assert "Traceback" not in run.environment_log, run.environment_log[-4000:]
 
     records = step_metrics(run_dir)
     assert [record["step"] for record in records] == list(range(1, TOTAL_STEPS + 1))
