@@ -24,8 +24,8 @@ from service.db.models import Run, RunProcess
 from service.runs import admission
 from service.runs.manager import ExecutorUnavailable
 from service.settings import Settings
-from supervisor.executor import Resources
-from supervisor.local import Host, LocalExecutor
+from supervisor.executor import NO_RESOURCES, Resources, Usage
+from supervisor.local import Host, LocalExecutor, available_memory_gb
 from tests.runs.conftest import wait_for_status
 from tests.support.live import Service, in_process_service
 from tests.support.reaper import process_alive
@@ -270,6 +270,22 @@ def test_a_queued_run_stopped_meanwhile_is_never_admitted(db: Database) -> None:
         session.execute(update(Run).where(Run.id == "q1").values(status="stopped"))
     with db.session() as session:
         assert admission.admit(session, limited(1), "r1") == ["q2"]
+
+
+def test_the_local_executor_counts_runs_gpus_and_free_memory() -> None:
+    host = Host(cpus=2, gpus=1, memory_gb=available_memory_gb() + 100)
+    executor = LocalExecutor(max_runs=2, host=host)
+    small, gpu = Resources(1, 0, 0.01), Resources(1, 1, 0.01)
+    idle = Usage(0, NO_RESOURCES, NO_RESOURCES)
+    assert executor.fits(small, idle) and executor.fits(gpu, idle)
+    assert not executor.fits(small, Usage(2, NO_RESOURCES, NO_RESOURCES)), "the run limit"
+    assert not executor.fits(gpu, Usage(1, gpu, NO_RESOURCES)), "the host's one GPU is taken"
+    assert not executor.fits(Resources(1, 0, available_memory_gb() + 50), idle), "more than the free memory"
+    promised = Resources(0, 0, available_memory_gb() - 0.5)  # a starting run's memory, not yet taken
+    assert not executor.fits(Resources(1, 0, 1), Usage(1, promised, promised))
+    assert LocalExecutor().fits(small, Usage(1000, NO_RESOURCES, NO_RESOURCES)), "no run limit unless set"
+    assert executor.refusal(Resources(1, 2, 1)) is not None and executor.refusal(Resources(3, 0, 1)) is not None
+    assert executor.refusal(Resources(2, 1, 1)) is None
 
 
 # --- validation and settings ---
