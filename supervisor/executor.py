@@ -106,10 +106,6 @@ class Executor(ABC):
         """The last `lines` lines of a process's log, unscrubbed (the caller scrubs secrets)."""
 
     @abstractmethod
-    def watching(self, run_id: str) -> bool:
-        """Does this executor watch the run now (it started or adopted it and it has not finished)?"""
-
-    @abstractmethod
     def detach_all(self, timeout_s: float) -> None:
         """Service shutdown: stop watching, leave every run running (the next start adopts them)."""
 

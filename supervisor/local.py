@@ -96,10 +96,6 @@ class LocalExecutor(Executor):
         if supervisor is not None:
             supervisor.stop()
 
-    def watching(self, run_id: str) -> bool:
-        with self._lock:
-            return run_id in self._supervisors
-
     def detach_all(self, timeout_s: float) -> None:
         with self._lock:
             supervisors = list(self._supervisors.values())
