@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -86,26 +86,21 @@ def _total(rows: Sequence[Any]) -> Resources:
 
 
 def queue_positions(session: Session, run_ids: Sequence[str]) -> dict[str, int]:
-    """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out)."""
+    """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out).
+    One query: the queues of the replicas concerned, in order (a queue is short: it is what one host waits on)."""
     if not run_ids:
         return {}
-    mine = select(Run.id, Run.owner_id, Run.priority, Run.created_at).where(
-        Run.id.in_(run_ids), Run.status == lifecycle.QUEUED
+    owners = select(Run.owner_id).where(Run.id.in_(run_ids), Run.status == lifecycle.QUEUED).distinct()
+    queued = session.execute(
+        select(Run.id, Run.owner_id)
+        .where(Run.status == lifecycle.QUEUED, Run.owner_id.in_(owners))
+        .order_by(*QUEUE_ORDER)
     )
+    wanted = set(run_ids)
+    places: dict[str | None, int] = {}  # per replica: queued runs counted so far
     positions: dict[str, int] = {}
-    for run_id, owner_id, priority, created_at in session.execute(mine).all():
-        ahead = session.scalar(
-            select(func.count()).where(
-                Run.status == lifecycle.QUEUED,
-                Run.owner_id == owner_id if owner_id is not None else Run.owner_id.is_(None),
-                or_(
-                    Run.priority > priority,
-                    and_(
-                        Run.priority == priority,
-                        or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)),
-                    ),
-                ),
-            )
-        )
-        positions[run_id] = int(ahead or 0) + 1
+    for run_id, owner_id in queued:
+        places[owner_id] = places.get(owner_id, 0) + 1
+        if run_id in wanted:
+            positions[run_id] = places[owner_id]
     return positions

@@ -245,7 +245,7 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
                 "idempotency_key was already used for a different request",
                 {"field": "idempotency_key", "run_id": run.id},
             )
-        return run_record(ctx, run, admission.queue_positions(session, [run.id]).get(run.id))
+        return run_record(ctx, run, _queue_position(session, run))
 
 
 # --- read ---
@@ -254,8 +254,12 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
 def get_run(ctx: AppContext, run_id: str) -> RunOut:
     with ctx.db.read() as session:  # the run and its processes in one statement
         run = load_row(session, Run, run_id, RunNotFound, joinedload(Run.processes))
-        position = admission.queue_positions(session, [run.id]).get(run.id)
-        return run_record(ctx, run, position)
+        return run_record(ctx, run, _queue_position(session, run))
+
+
+def _queue_position(session: Session, run: Run) -> int | None:
+    """A queued run's place; no second query for a run in any other state."""
+    return admission.queue_positions(session, [run.id]).get(run.id) if run.status == lifecycle.QUEUED else None
 
 
 def list_runs(
@@ -281,6 +285,7 @@ def list_runs(
         ids = [row.id for row in rows]
         total_steps = _total_steps(session, ids)
         positions = admission.queue_positions(session, [row.id for row in rows if row.status == lifecycle.QUEUED])
+        # (no query at all when the page has no queued run)
     records = [
         RunSummary.model_validate(
             {**row._mapping, "total_steps": total_steps.get(row.id), "queue_position": positions.get(row.id)}
