@@ -16,9 +16,10 @@ cgroup of its own where the service may make one (service/collections/memcap.py)
 PID namespace make the end of a call the end of every process it started: when the command's first process
 ends or is killed, the kernel kills the rest of the namespace.
 
-When the service runs as root, bwrap itself is started as an unprivileged user (`sandbox_uid`, by `setpriv`,
-with no capability and `no_new_privs`), so that it works exactly as for any other user: a user namespace mapped
-to root would neither count processes apart nor be a boundary worth the name.
+When the service runs as root, the sandbox's bwrap is still started as an unprivileged user (`sandbox_uid`, by
+`setpriv`, with no capability and `no_new_privs`), so that it works exactly as for any other user: a user
+namespace mapped to root would neither count processes apart nor be a boundary worth the name. A first,
+privileged bwrap only shows it the paths it binds (the service's directories may be closed to that user).
 """
 
 from __future__ import annotations

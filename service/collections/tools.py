@@ -3,8 +3,9 @@
 `read_file` and `write_file` run in the service: they walk the path inside the work directory one name at a time
 without following any link (`O_NOFOLLOW` at every step), and refuse `..` out of it, absolute paths, links, FIFOs
 and files with more than one name (a hard link made by `terminal` is refused). `terminal` runs `bash -c` in the
-sandbox of service/collections/sandbox.py (namespaces, limits, no secrets), killed whole on time-out and when the
-command ends; only the first `output_limit` characters of its output are kept. Without a sandbox it refuses.
+sandbox of service/collections/sandbox.py (namespaces, seccomp, limits, no secrets, network only to the named
+destinations), killed whole on time-out and when the command ends; only the first `output_limit` characters of its
+output are kept, and going over the memory limit is the call's error. Without a sandbox it refuses.
 """
 
 from __future__ import annotations

@@ -268,6 +268,8 @@ def test_a_collection_reaches_what_it_names_through_the_service(
         with in_process_service(strict) as live, live.client() as client:
             refused = client.post("/collections", json=body)
             assert refused.status_code == 422 and refused.json()["error"]["code"] == "NETWORK_DESTINATION_FORBIDDEN"
+            by_tool = client.post("/tools/rl_collect_trajectories", json=body)  # the agent tools' same model
+            assert by_tool.json()["code"] == "NETWORK_DESTINATION_FORBIDDEN", by_tool.text
             for bad, kind in ((["nohost"], "network_destination_invalid"), (["[::1]"], "network_destination_invalid")):
                 answer = client.post("/collections", json={**body, "network": bad})
                 assert answer.status_code == 422 and answer.json()["error"]["details"]["errors"][0]["type"] == kind
