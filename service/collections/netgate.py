@@ -43,6 +43,7 @@ PROXY_PORT = 3128
 NAMED_NET = ipaddress.IPv4Network("127.77.0.0/16")  # in-sandbox addresses of named hosts
 MAX_DESTINATIONS = 16
 MAX_CONNECTIONS = 32  # at once, per call
+MAX_REFUSED_LISTED = 16
 CONNECT_TIMEOUT_S = 10.0
 HEAD_LIMIT = 16 << 10
 _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -252,6 +253,11 @@ class Gate:
             thread.join(timeout=2)
         shutil.rmtree(self.directory, ignore_errors=True)
 
+    def _refuse(self, destination: Destination) -> None:
+        with self._lock:  # each once, and a bounded list: a command may try thousands
+            if str(destination) not in self.refused and len(self.refused) < MAX_REFUSED_LISTED:
+                self.refused.append(str(destination))
+
     def _accept(self, listener: socket.socket, target: Destination | None) -> None:
         while not self._closed.is_set():
             try:
@@ -326,7 +332,7 @@ class Gate:
             _answer(client, 400, str(error))
             return None, b""
         if destination not in self.policy.destinations:
-            self.refused.append(str(destination))
+            self._refuse(destination)
             _answer(client, 403, f"{destination} is not a network destination of this collection")
             return None, b""
         upstream = self._connect(destination, client)
@@ -369,7 +375,7 @@ class Gate:
             refused = any("reachable" in r for r in refusals)
             _answer(client, 403 if refused else 502, f"{destination}: " + "; ".join(refusals or ["no address"]))
         if any("reachable" in r for r in refusals):
-            self.refused.append(str(destination))
+            self._refuse(destination)
         return None
 
 

@@ -94,17 +94,18 @@ def test_only_the_named_destination_is_reachable(tmp_path: Path, sandbox: Sandbo
         toolbox,
         f"curl -sSf -m 10 http://127.0.0.1:{named.port}/proxied; echo; "  # through http_proxy
         f"curl -sSf -m 10 --noproxy '*' http://127.0.0.1:{named.port}/direct; echo; "  # the relay's own port
+        f"curl -sSf -m 10 --proxytunnel http://127.0.0.1:{named.port}/tunnel; echo; "  # CONNECT, as for https
         f"python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:{named.port}/py\").read())'; "
         f"curl -sSf -m 10 http://127.0.0.1:{unnamed.port}/proxied; echo proxied-other=$?; "
         f"curl -sSf -m 10 --noproxy '*' http://127.0.0.1:{unnamed.port}/direct; echo direct-other=$?; "
         f"(exec 3<>/dev/tcp/127.0.0.1/{unnamed.port}) 2>/dev/null; echo tcp-other=$?",
     )
     output = result["output"]
-    assert "hello /proxied" in output and "hello /direct" in output and "hello /py" in output, result
+    assert all(f"hello /{path}" in output for path in ("proxied", "direct", "tunnel", "py")), result
     assert "proxied-other=22" in output  # 403 from the gate (curl -f: 22)
     assert "direct-other=7" in output and "tcp-other=1" in output  # nothing listens for it in the sandbox
     assert result["network_refused"] == [f"127.0.0.1:{unnamed.port}"]
-    assert named.paths == ["/proxied", "/direct", "/py"] and unnamed.paths == []
+    assert named.paths == ["/proxied", "/direct", "/tunnel", "/py"] and unnamed.paths == []
 
 
 def test_no_network_unless_destinations_are_named(tmp_path: Path, sandbox: Sandbox, named: Site) -> None:
