@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from service.collections.netgate import NetworkPolicy
-from service.collections.sandbox import LIMITS, Sandbox
+from service.collections.sandbox import LIMITS, Sandbox, SandboxUnavailable
 
 TOOL_NAMES = ("terminal", "read_file", "write_file")
 MAX_WRITE_BYTES = 1 << 20
@@ -120,7 +120,11 @@ class Toolbox:
         if self.runner is None:
             raise ToolError("no sandbox can be made here: the terminal tool never runs unsandboxed")
         self._check_disk(0)
-        with self.runner.start(self.sandbox, command, self.network) as call:
+        try:
+            started = self.runner.start(self.sandbox, command, self.network)
+        except (SandboxUnavailable, OSError) as error:  # e.g. resumed where the relay's Python is gone
+            raise ToolError(f"the sandbox could not be started: {error}") from None
+        with started as call:
             output = _LimitedReader(call.process.stdout, self.output_limit)
             timed_out = False
             try:
