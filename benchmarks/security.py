@@ -11,7 +11,8 @@ A real `rlctl serve` process (SQLite, a fresh data dir, secrets configured) gets
      `<tool_call>` (just under the reply cap, so it is parsed), /healthz polled meanwhile;
   4. peak RSS (sampled every 20 ms) over: an upload of four items of the largest accepted size (16 MiB each),
      and one JSON Lines line of `--huge-mb` MB (refused with 413 after its first 16 MiB);
-  5. a collection whose model tries every escape of docs/SECURITY.md through the terminal and file tools, then
+  5. a collection whose model tries every escape of docs/SECURITY.md through the terminal and file tools (system
+     calls the seccomp filter blocks, new namespaces, memory and /tmp exhaustion included), then
      a count of the configured secrets in the data directory, the service's log and every answer (goal: 0).
 Escape attempts are counted by kind, each with the check that decides it was blocked.
 """
@@ -35,6 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.datasets import Service, start_service, stop_service  # noqa: E402
+from service.collections.seccomp import ARCHES, native_arch  # noqa: E402
 from tests.datasets_api.chat_server import chat_server  # noqa: E402
 
 SECRETS = {
@@ -158,6 +160,13 @@ def peak_rss_of_upload(service: Service, path: Path, name: str) -> dict[str, Any
 
 # --- escapes and secrets ---
 
+_NUMBERS = (native_arch() or ARCHES["x86_64"]).numbers
+# Blocked system calls, made directly: each prints "-1 1" (failed, EPERM) where the seccomp filter answers.
+KERNEL_CALLS = (
+    "import ctypes; c = ctypes.CDLL(None, use_errno=True); "
+    "[print(c.syscall(n, 0, 0, 0, 0, 0), ctypes.get_errno()) for n in "
+    f"({_NUMBERS['ptrace']}, {_NUMBERS['keyctl']}, {_NUMBERS['bpf']}, {_NUMBERS['perf_event_open']})]"
+)
 ESCAPES: list[tuple[str, str, Callable[[dict[str, Any], Path], bool]]] = [
     # (kind, terminal command, "blocked" judged on the tool's result and the host's data dir)
     ("read the service's secrets", "cat /proc/*/environ 2>&1 | tr '\\0' '\\n'; env",
@@ -174,6 +183,15 @@ ESCAPES: list[tuple[str, str, Callable[[dict[str, Any], Path], bool]]] = [
      lambda _result, _data: not _survivors("rlctl-bench-survivor")),
     ("fork bomb", "b() { b | b & }; b; sleep 3; echo done",
      lambda result, _data: "Resource temporarily unavailable" in result["output"]),
+    ("make a new namespace", "unshare -U true 2>&1; unshare -n true 2>&1; unshare -m true 2>&1; true",
+     lambda result, _data: result["output"].count("unshare failed") == 3),
+    ("call a kernel surface (ptrace, keyctl, bpf, perf)", f"python3 -c '{KERNEL_CALLS}'",
+     lambda result, _data: result["output"].split() == ["-1", "1"] * 4),
+    ("exhaust the memory", "python3 -c 'b = bytearray(1536 << 20); print(len(b))' 2>&1",
+     lambda result, _data: "memory limit" in result.get("error", "") or "MemoryError" in result["output"]),
+    ("fill /tmp (memory)", "for i in 1 2 3 4 5 6 7 8; do head -c 60000000 /dev/zero > /tmp/f$i || break; done "
+     "2>/dev/null; du -sb /tmp | cut -f1",
+     lambda result, _data: int(result["output"].split()[-1]) <= 256 << 20),
     ("hard-link a file out", "DATA; ln \"$D/rlctl.db\" hard 2>&1; ln -s \"$D/rlctl.db\" soft; ln -s / root",
      lambda result, _data: "No such file" in result["output"]),  # the symbolic links: the file tools, below
 ]  # fmt: skip

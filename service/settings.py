@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.collections.netgate import parse_allowed_ranges
 from trainer.defaults import LOCAL_DEFAULTS, TINKER_BASE_MODEL, TINKER_DEFAULTS
 from trainer.tiny_model import default_tiny_model_dir
 
@@ -139,6 +140,11 @@ class Settings(BaseSettings):
     sandbox_uid: int = Field(
         65534, ge=1, le=(1 << 31) - 2, description="Unprivileged user of sandboxed commands when the service is root."
     )
+    sandbox_network_allow: str = Field(
+        "",
+        description="Address ranges (CIDR, comma-separated, e.g. 127.0.0.1/32) that collections' sandboxes may "
+        "reach though not public (loopback, private); cloud metadata addresses never (docs/SECURITY.md#network).",
+    )
     # --- inference tests: a key goes to its own endpoint only (docs/INFERENCE_TESTS.md#keys) ---
     openrouter_base_url: str = Field(
         "https://openrouter.ai/api/v1", description="Default endpoint of inference tests; OPENROUTER_API_KEY's."
@@ -187,6 +193,12 @@ class Settings(BaseSettings):
     def _empty_secret_is_unset(cls, value: object) -> object:
         """`KEY=` in an env file means "not set", not a secret that is the empty string."""
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("sandbox_network_allow")
+    @classmethod
+    def _address_ranges(cls, value: str) -> str:
+        parse_allowed_ranges(value)  # a ValueError names the bad range
+        return value
 
     @cached_property
     def data_path(self) -> Path:

@@ -113,6 +113,8 @@ class CollectionRun:
         if "terminal" in params["tools"]:  # checked at creation; a service moved since then gets None: refusals
             found = find_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
             self.runner = found if isinstance(found, Sandbox) else None
+        # The server's allowed ranges as they are now: a resumed collection follows today's rule.
+        self.network = service.network_policy(ctx, params.get("network") or [])
 
     def execute(self, name: str) -> dict[str, Any]:
         if (finished := self._finished_output()) is not None:
@@ -163,7 +165,12 @@ class CollectionRun:
         shutil.rmtree(sandbox, ignore_errors=True)
         sandbox.mkdir(parents=True)
         toolbox = Toolbox(
-            self.params["tools"], sandbox, self.params["tool_timeout_s"], self.params["tool_output_limit"], self.runner
+            self.params["tools"],
+            sandbox,
+            self.params["tool_timeout_s"],
+            self.params["tool_output_limit"],
+            self.runner,
+            self.network,
         )
         try:
             trajectory = run_agent(

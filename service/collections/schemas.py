@@ -6,8 +6,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from service.collections.netgate import MAX_DESTINATIONS, DestinationError, parse_destination
 from service.jobs.schemas import JobOut
 from service.names import NAME_PATTERN
 
@@ -71,12 +73,43 @@ class CreateCollectionRequest(BaseModel):
         "runs in a sandbox (docs/SECURITY.md), and where none can be made the request is refused (409 "
         "SANDBOX_UNAVAILABLE).",
     )
+    network: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_DESTINATIONS,
+        description="Destinations the sandboxed `terminal` may reach, as `host:port` (`[v6]:port` for IPv6); "
+        "empty (the default): no network at all. Needs `terminal`. Reached through a proxy (`http_proxy`) and, "
+        "for ports >= 1024, directly at host:port; names are resolved by the service, and an address that is not "
+        "public is refused unless the server allows its range (docs/SECURITY.md#network). Bad entries: 422 with "
+        "error type `network_destination_invalid`; names the server refuses: 422 NETWORK_DESTINATION_FORBIDDEN.",
+    )
     tool_timeout_s: float = Field(30, ge=0.1, le=600, description="Time limit of one tool call.")
     tool_output_limit: int = Field(10_000, ge=100, le=1_000_000, description="Characters of tool output kept.")
     request_timeout_s: float = Field(120, ge=1, le=3600, description="Time limit of one model call.")
     discard_without_reasoning: bool = Field(
         False, description="Discard trajectories with no reasoning (recorded, so a resume skips them)."
     )
+
+    @field_validator("network")
+    @classmethod
+    def _destinations(cls, entries: list[str]) -> list[str]:
+        """Each entry parsed and written one way (lower-case names, bracketed IPv6), duplicates dropped."""
+        normal: list[str] = []
+        for entry in entries:
+            try:
+                text = str(parse_destination(entry))
+            except DestinationError as error:
+                raise PydanticCustomError("network_destination_invalid", "{reason}", {"reason": str(error)}) from None
+            if text not in normal:
+                normal.append(text)
+        return normal
+
+    @model_validator(mode="after")
+    def _network_needs_terminal(self) -> CreateCollectionRequest:
+        if self.network and "terminal" not in self.tools:
+            raise PydanticCustomError(
+                "network_without_terminal", "`network` is for the sandboxed `terminal` tool: add it to `tools`"
+            )
+        return self
 
 
 class CollectionProgress(BaseModel):

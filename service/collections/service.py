@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.collections.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
 from service.collections.sandbox import require_sandbox
 from service.collections.schemas import (
     ENDED,
@@ -30,7 +31,7 @@ from service.datasets.store import write_json_atomically
 from service.db.models import Collection, CollectionItem, Job
 from service.db.rows import load_row
 from service.db.types import utcnow
-from service.errors import InvalidState
+from service.errors import InvalidState, ValidationFailed
 from service.jobs.runner import TERMINAL, UNFINISHED, JobStatus
 from service.jobs.service import job_record
 from service.pagination import DEFAULT_PAGE, newest_first_page
@@ -41,14 +42,36 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DONE_STATUSES = (KEPT, DISCARDED)  # a resume skips these; failed items are tried again
 
 
+class NetworkDestinationForbidden(ValidationFailed):
+    """A destination the server does not let collections name (a non-public address outside the allowed ranges,
+    a cloud metadata address or name)."""
+
+    code = "NETWORK_DESTINATION_FORBIDDEN"
+
+
+def network_policy(ctx: AppContext, destinations: list[str]) -> NetworkPolicy | None:
+    """What a collection's sandbox may reach (None: nothing), with the ranges the server allows today."""
+    if not destinations:
+        return None
+    allowed = parse_allowed_ranges(ctx.settings.sandbox_network_allow)
+    return NetworkPolicy(tuple(parse_destination(d) for d in destinations), allowed)
+
+
 def collection_dir(ctx: AppContext, collection_id: str) -> Path:
     return ctx.settings.data_path / "collections" / collection_id
 
 
 def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> CollectionOut:
     """Store the prompts and the collection, then start its job. Returns the collection."""
+    policy = network_policy(ctx, request.network)
+    for destination in policy.destinations if policy is not None else ():
+        if policy is not None and (reason := policy.refusal(destination)) is not None:
+            raise NetworkDestinationForbidden(
+                f"network destination {destination} is refused: {reason}",
+                {"destination": str(destination), "reason": reason},
+            )
     if "terminal" in request.tools:  # never run unsandboxed: refused before anything is stored
-        require_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
+        require_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid, network=bool(request.network))
     collection_id = "col" + uuid.uuid4().hex[:13]
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)

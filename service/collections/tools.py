@@ -3,24 +3,24 @@
 `read_file` and `write_file` run in the service: they walk the path inside the work directory one name at a time
 without following any link (`O_NOFOLLOW` at every step), and refuse `..` out of it, absolute paths, links, FIFOs
 and files with more than one name (a hard link made by `terminal` is refused). `terminal` runs `bash -c` in the
-sandbox of service/collections/sandbox.py (namespaces, limits, no secrets), killed whole on time-out and when the
-command ends; only the first `output_limit` characters of its output are kept. Without a sandbox it refuses.
+sandbox of service/collections/sandbox.py (namespaces, seccomp, limits, no secrets, network only to the named
+destinations), killed whole on time-out and when the command ends; only the first `output_limit` characters of its
+output are kept, and going over the memory limit is the call's error. Without a sandbox it refuses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import posixpath
-import signal
 import stat
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
-from service.collections.sandbox import LIMITS, Sandbox
+from service.collections.netgate import NetworkPolicy
+from service.collections.sandbox import LIMITS, Sandbox, SandboxUnavailable
 
 TOOL_NAMES = ("terminal", "read_file", "write_file")
 MAX_WRITE_BYTES = 1 << 20
@@ -76,13 +76,20 @@ class ToolError(Exception):
 
 class Toolbox:
     def __init__(
-        self, names: list[str], sandbox: Path, timeout_s: float, output_limit: int, runner: Sandbox | None = None
+        self,
+        names: list[str],
+        sandbox: Path,
+        timeout_s: float,
+        output_limit: int,
+        runner: Sandbox | None = None,
+        network: NetworkPolicy | None = None,
     ) -> None:
         self.names = [name for name in TOOL_NAMES if name in names]
         self.sandbox = sandbox.resolve()
         self.timeout_s = timeout_s
         self.output_limit = output_limit
         self.runner = runner  # None where no sandbox can be made: `terminal` then refuses to run
+        self.network = network  # the destinations `terminal` may reach; None: no network at all
         self.disk_limit = runner.limits.disk_bytes if runner else LIMITS.disk_bytes
         self._owner = runner.drop_to_uid if runner else None
         if runner is not None:
@@ -113,20 +120,29 @@ class Toolbox:
         if self.runner is None:
             raise ToolError("no sandbox can be made here: the terminal tool never runs unsandboxed")
         self._check_disk(0)
-        process = self.runner.popen(self.sandbox, command)
-        output = _LimitedReader(process.stdout, self.output_limit)
-        timed_out = False
         try:
-            exit_code: int | None = process.wait(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out, exit_code = True, None
-        finally:
-            _kill_group(process.pid)  # bwrap dies, and with it (die-with-parent) the sandbox's whole PID namespace
-            process.wait()
-            output.finish()
+            started = self.runner.start(self.sandbox, command, self.network)
+        except (SandboxUnavailable, OSError) as error:  # e.g. resumed where the relay's Python is gone
+            raise ToolError(f"the sandbox could not be started: {error}") from None
+        with started as call:
+            output = _LimitedReader(call.process.stdout, self.output_limit)
+            timed_out = False
+            try:
+                exit_code: int | None = call.process.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out, exit_code = True, None
+            finally:
+                call.close()  # bwrap dies, and with it (die-with-parent) the sandbox's whole PID namespace
+                output.finish()
+            memory_exceeded, refused = call.memory_exceeded, call.network_refused
         result: dict[str, Any] = {"exit_code": exit_code, "output": output.text(), "truncated": output.truncated}
+        if refused:
+            result["network_refused"] = refused  # destinations it tried that its collection does not name
         if timed_out:
             result["error"] = f"timed out after {self.timeout_s:g} s"
+        if memory_exceeded:
+            limit = self.runner.limits.memory_bytes
+            result["error"] = f"the command went over its memory limit of {limit} bytes and was killed"
         used = disk_usage(self.sandbox)
         if used > self.disk_limit:
             result["error"] = f"the working directory holds {used} bytes, over its limit of {self.disk_limit}"
@@ -271,8 +287,3 @@ def _known(arguments: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ToolError(f"unknown argument(s): {', '.join(sorted(unknown))}")
     return arguments
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
