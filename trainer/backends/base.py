@@ -39,6 +39,7 @@ class Completion:
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
     top_logprobs: list[TopLogprobs] | None = None
     matched_stop: str | int | None = None
+    weights_version: int | None = None  # the published weights it was sampled from, when the backend knows
 
 
 @dataclass(frozen=True)
