@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from service.app import register_job_kinds  # noqa: E402
 from service.context import build_context  # noqa: E402
 from service.db import migrate  # noqa: E402
+from service.inference_tests.schemas import CreateInferenceTestRequest  # noqa: E402
 from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
 from service.jobs.runner import JobRunner  # noqa: E402
 from service.settings import Settings  # noqa: E402
@@ -55,11 +56,18 @@ def run_once(
     ctx.jobs.open()
     try:
         config = {"max_new_tokens": args.max_new_tokens} if args.environment == "gsm8k" else {}
-        test = start_inference_test(
-            ctx, args.environment, args.steps, args.group_size, models, endpoint, config, timeout_s=3600
+        request = CreateInferenceTestRequest(
+            environment=args.environment,
+            num_steps=args.steps,
+            group_size=args.group_size,
+            models=models,
+            base_url=endpoint,
+            config=config,
+            timeout_s=3600,
         )
-        ctx.jobs.wait(test["id"], timeout=7200)
-        test = get_inference_test(ctx, test["id"])
+        test_id = start_inference_test(ctx, request).id
+        ctx.jobs.wait(test_id, timeout=7200)
+        test = get_inference_test(ctx, test_id).model_dump()
     finally:
         ctx.jobs.close()
         ctx.db.dispose()
