@@ -3,13 +3,13 @@
     .venv/bin/python benchmarks/inference_tests.py [--environment gsm8k] [--steps 3] [--group-size 16]
         [--max-new-tokens 64] [--repeats 2] [--added-latency-s 0]
 
-The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model
-names; each mode runs the same test through the service layer (one child process per model, the environment's
-own `process` mode). Printed: the wall time of each run (job start to end), per-model latency, and the ratios
-together / slowest alone (the goal: at most 1.2) and sequential / together. `--added-latency-s` puts a loopback front server before the inference server that
-delays every request, as a remote endpoint's round trip would (the tiny model itself answers in milliseconds,
-so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the tiny model
-is built locally, GSM8K problems come from the excerpt in tests/data/.
+The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model names;
+each mode runs the same test through the service layer (one child process per model, the environment's own `process`
+mode). Printed: the wall time of each run (job start to end), per-model latency, and the ratios together / slowest
+alone (the goal: at most 1.2) and sequential / together. `--added-latency-s` puts a loopback front server before the
+inference server that delays every request, as a remote endpoint's round trip would (the tiny model itself answers
+in milliseconds, so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the
+tiny model is built locally, GSM8K problems come from the excerpt in tests/data/.
 """
 
 from __future__ import annotations

@@ -88,9 +88,7 @@ def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
         raise SystemExit(f"rlctl: the trainer failed:\n{run.trainer.log_tail()}")
     records = step_metrics(run_dir)
     times = [record["time"] for record in records]
-    return Outcome(
-        "rlctl", len(records), times[-1] - times[0], wall_s, [r["metrics"]["reward/mean"] for r in records]
-    )
+    return Outcome("rlctl", len(records), times[-1] - times[0], wall_s, [r["metrics"]["reward/mean"] for r in records])
 
 
 def run_trl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:

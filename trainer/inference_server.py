@@ -270,9 +270,7 @@ class InferenceService:
             "completion_tokens": len(completion.tokens),
             "finish_reason": finish,
             "weights_version": (
-                completion.weights_version
-                if completion.weights_version is not None
-                else self.backend.published.version
+                completion.weights_version if completion.weights_version is not None else self.backend.published.version
             ),
         }
         if body.return_logprob:

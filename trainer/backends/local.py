@@ -25,9 +25,9 @@ from trainer.backends.base import (
     SamplingRequestError,
     TrainingBackend,
 )
+from trainer.backends.sampler import BatchedSampler, PendingSample
 from trainer.config import TrainerConfig
 from trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
-from trainer.backends.sampler import BatchedSampler, PendingSample
 from trainer.grpo import TrainingDatum
 from trainer.tiny_model import default_tiny_model_dir, init_tiny_model
 
