@@ -130,27 +130,6 @@ class PublishedWeights:
     reference: str | None = None  # remote sampler handle, or None when published in-process
 
 
-class FairLock:
-    """A first-come-first-served lock, so a training step never starves behind a stream of sampling calls."""
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self._next_ticket = 0
-        self._now_serving = 0
-
-    def __enter__(self) -> FairLock:
-        with self._condition:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._condition.wait_for(lambda: self._now_serving == ticket)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._condition:
-            self._now_serving += 1
-            self._condition.notify_all()
-
-
 class TrainingBackend(ABC):
     """One trainable LoRA model: gradients, optimiser, published weights for sampling, checkpoints."""
 
