@@ -58,13 +58,20 @@ def run_once(workdir: Path, model_dir: Path, loss: str, steps: int, seed: int) -
         raise SystemExit(f"{run_dir.name}: the trainer failed:\n{run.trainer.log_tail()}")
     rewards = [record["metrics"]["reward/mean"] for record in step_metrics(run_dir)]
     quarter = max(1, len(rewards) // 4)
-    return RunOutcome(
+    outcome = RunOutcome(
         loss,
         seed,
         statistics.fmean(rewards[:quarter]),
         statistics.fmean(rewards[-quarter:]),
         time.monotonic() - started,
     )
+    # One line per run as it ends, so a long benchmark shows its count so far.
+    print(
+        f"{loss} seed {seed}: reward first quarter {outcome.first_quarter:.3f}, last {outcome.last_quarter:.3f}"
+        f"{' COLLAPSED' if outcome.collapsed else ''}",
+        flush=True,
+    )
+    return outcome
 
 
 def main() -> None:

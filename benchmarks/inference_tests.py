@@ -1,20 +1,21 @@
-"""Wall time of an inference test with its models run together against one after another (as the reference did).
+"""Wall time of an inference test with its models run together, against each model alone and one after another.
 
     .venv/bin/python benchmarks/inference_tests.py [--environment gsm8k] [--steps 3] [--group-size 16]
         [--max-new-tokens 64] [--repeats 2] [--added-latency-s 0]
 
-The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model
-names; each mode runs the same test through the service layer (one child process per model, the environment's
-own `process` mode). Printed: the wall time of each run (job start to end), per-model latency, and the ratio
-sequential / concurrent. `--added-latency-s` puts a loopback front server before the inference server that
-delays every request, as a remote endpoint's round trip would (the tiny model itself answers in milliseconds,
-so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the tiny model
-is built locally, GSM8K problems come from the excerpt in tests/data/.
+The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model names;
+each mode runs the same test through the service layer (one child process per model, the environment's own `process`
+mode). Printed: the wall time of each run (job start to end), per-model latency, and the ratios together / slowest
+alone (the goal: at most 1.2) and sequential / together. `--added-latency-s` puts a loopback front server before the
+inference server that delays every request, as a remote endpoint's round trip would (the tiny model itself answers
+in milliseconds, so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the
+tiny model is built locally, GSM8K problems come from the excerpt in tests/data/.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from service.app import register_job_kinds  # noqa: E402
 from service.context import build_context  # noqa: E402
 from service.db import migrate  # noqa: E402
+from service.inference_tests.schemas import CreateInferenceTestRequest  # noqa: E402
 from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
 from service.jobs.runner import JobRunner  # noqa: E402
 from service.settings import Settings  # noqa: E402
@@ -36,7 +38,9 @@ from trainer.tiny_model import init_tiny_model  # noqa: E402
 MODELS = ["bench/model-a", "bench/model-b", "bench/model-c"]
 
 
-def run_once(root: Path, label: str, concurrency: int, endpoint: str, model_dir: Path, args: Any) -> dict[str, Any]:
+def run_once(
+    root: Path, label: str, concurrency: int, endpoint: str, model_dir: Path, args: Any, models: list[str] = MODELS
+) -> dict[str, Any]:
     data_dir = root / label
     settings = Settings(
         _env_file=None,
@@ -52,15 +56,22 @@ def run_once(root: Path, label: str, concurrency: int, endpoint: str, model_dir:
     ctx.jobs.open()
     try:
         config = {"max_new_tokens": args.max_new_tokens} if args.environment == "gsm8k" else {}
-        test = start_inference_test(
-            ctx, args.environment, args.steps, args.group_size, MODELS, endpoint, config, timeout_s=3600
+        request = CreateInferenceTestRequest(
+            environment=args.environment,
+            num_steps=args.steps,
+            group_size=args.group_size,
+            models=models,
+            base_url=endpoint,
+            config=config,
+            timeout_s=3600,
         )
-        ctx.jobs.wait(test["id"], timeout=7200)
-        test = get_inference_test(ctx, test["id"])
+        test_id = start_inference_test(ctx, request).id
+        ctx.jobs.wait(test_id, timeout=7200)
+        test = get_inference_test(ctx, test_id).model_dump()
     finally:
         ctx.jobs.close()
         ctx.db.dispose()
-    if test["status"] != "succeeded" or test["result"]["summary"]["models_succeeded"] != len(MODELS):
+    if test["status"] != "succeeded" or test["result"]["summary"]["models_succeeded"] != len(models):
         raise SystemExit(f"{label}: the test did not succeed: {test['error'] or test['result']}")
     wall_s = (test["finished_at"] - test["started_at"]).total_seconds()
     latencies = {r["model"]: r["latency"] for r in test["result"]["models_tested"]}
@@ -94,12 +105,21 @@ def main() -> None:
                 f"on the tiny model at {endpoint}, {args.added_latency_s:g} s added per request",
                 flush=True,
             )
-            sequential, concurrent = [], []
+            sequential, concurrent, slowest_alone = [], [], []
             for repeat in range(args.repeats):
+                alone = [
+                    run_once(root, f"alone-{model.rsplit('-', 1)[-1]}-{repeat}", 1, endpoint, model_dir, args, [model])
+                    for model in MODELS
+                ]
+                slowest_alone.append(max(run["wall_s"] for run in alone))
+                concurrent.append(run_once(root, f"together-{repeat}", 3, endpoint, model_dir, args)["wall_s"])
                 sequential.append(run_once(root, f"sequential-{repeat}", 1, endpoint, model_dir, args)["wall_s"])
-                concurrent.append(run_once(root, f"concurrent-{repeat}", 3, endpoint, model_dir, args)["wall_s"])
-    seq, con = statistics.median(sequential), statistics.median(concurrent)
-    print(f"median wall time: sequential {seq:.2f} s, concurrent {con:.2f} s, ratio {seq / con:.2f}x")
+    seq, con, alone_s = statistics.median(sequential), statistics.median(concurrent), statistics.median(slowest_alone)
+    print(
+        f"median wall time: slowest model alone {alone_s:.2f} s, together {con:.2f} s, sequential {seq:.2f} s; "
+        f"together / slowest alone {con / alone_s:.2f}x (goal <= 1.2), sequential / together {seq / con:.2f}x"
+    )
+    print(f"load average at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ from trainer.health import HealthRules
 
 BACKENDS = ("local", "tinker")
 TINKER_PROTOCOLS = ("auto", "current", "legacy")  # see trainer/backends/tinker_protocol.py
+# `/batch` is a cheap loopback call, and a local step takes about 0.1 s: polling every 0.2 s would add up to two
+# steps' time to each wait for a batch.
+BATCH_POLL_INTERVAL_S = 0.05
 
 
 class ConfigError(ValueError):
@@ -134,7 +137,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         seed=_typed(tinker, "seed", int, 0),
         device=_typed(tinker, "device", str, "auto"),
         waiting_report_interval_s=_typed(tinker, "waiting_report_interval_s", float, 10.0),
-        batch_poll_interval_s=_typed(tinker, "batch_poll_interval_s", float, 0.2),
+        batch_poll_interval_s=_typed(tinker, "batch_poll_interval_s", float, BATCH_POLL_INTERVAL_S),
         sampling_error_budget=_typed(tinker, "sampling_error_budget", int, SAMPLING_ERROR_BUDGET),
         training_error_budget=_typed(tinker, "training_error_budget", int, TRAINING_ERROR_BUDGET),
         health=_health_rules(tinker),

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import uvicorn
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHAT_MAX_TOKENS = 1024
 MAX_SAMPLES_PER_REQUEST = 256
 MAX_TOP_LOGPROBS = 20
+SAMPLING_THREADS = 128
 
 
 class InvalidRequest(ValueError):
@@ -200,10 +202,14 @@ class InferenceService:
         self.model_names = tuple(dict.fromkeys([*model_names, backend.model_name]))
         # Served requests and completions per endpoint, shown by /health: proof that rollouts flow.
         self.counters: Counter[str] = Counter()
+        # Enough threads for every request a batch may combine (asyncio's default pool has cores + 4): a
+        # backend that batches waiting requests sees them all at once (docs/TRAINER.md#local-sampling).
+        self._sampling_threads = ThreadPoolExecutor(SAMPLING_THREADS, thread_name_prefix="sampling")
 
     async def sample(self, request: SamplingRequest, endpoint: str) -> list[Completion]:
         try:
-            completions = await asyncio.to_thread(self.backend.sample, request)
+            loop = asyncio.get_running_loop()
+            completions = await loop.run_in_executor(self._sampling_threads, self.backend.sample, request)
         except SamplingRequestError as error:
             raise InvalidRequest(str(error)) from error
         except Exception as error:  # noqa: BLE001 - any backend fault is the upstream's: counted, answered 502
@@ -263,7 +269,9 @@ class InferenceService:
             "prompt_tokens": len(prompt),
             "completion_tokens": len(completion.tokens),
             "finish_reason": finish,
-            "weights_version": self.backend.published.version,
+            "weights_version": (
+                completion.weights_version if completion.weights_version is not None else self.backend.published.version
+            ),
         }
         if body.return_logprob:
             meta["output_token_logprobs"] = [

@@ -98,6 +98,15 @@ def train_on_batch(
     return StepReport(metrics=metrics, timings=timings)
 
 
+def split_cpu_threads() -> None:
+    """The local backend trains and samples at the same time (docs/TRAINER.md#local-sampling): on the CPU each
+    gets half the cores for its operators, instead of both fighting over all of them."""
+    import torch
+
+    if torch.get_num_threads() > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // 2))
+
+
 class StopRequest:
     """Set by SIGTERM/SIGINT; waits wake up at once."""
 
@@ -163,6 +172,8 @@ class Trainer:
         self.state_store.save(self.state)
         if resume_from:
             log.info("resuming from the checkpoint of step %d (%s)", resume_from.step, resume_from.path)
+        if config.backend == "local":
+            split_cpu_threads()
         self.backend = make_backend(config, resume_from)
         self.state.base_model = self.backend.model_name
         self.backend.publish_weights(self.state.step)

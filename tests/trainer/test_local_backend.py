@@ -158,3 +158,42 @@ def test_checkpoint_restores_weights_and_optimizer(backend: LocalBackend, tiny_m
     assert saved_state.keys() == restored_state.keys()
     first = next(iter(saved_state))
     assert torch.equal(saved_state[first]["exp_avg"], restored_state[first]["exp_avg"])
+
+
+def test_concurrent_requests_of_different_prompts_are_batched_and_keep_exact_logprobs(backend: LocalBackend) -> None:
+    """Requests waiting together are sampled as one left-padded batch: each completion's logprobs are still the
+    trainer's for that prompt alone, so the padding never leaks into another request's rows."""
+    import threading
+
+    tokenizer = backend.tokenizer
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Echo: " + "7" * length}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )
+        for length in (1, 5, 12)
+    ]
+    results: dict[int, list] = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i, p=p: results.__setitem__(i, backend.sample(SamplingRequest(p, n=3, max_new_tokens=5)))
+        )
+        for i, p in enumerate(prompts)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(results) == [0, 1, 2]
+    for index, prompt in enumerate(prompts):
+        completions = results[index]
+        assert len(completions) == 3 and all(c.weights_version == 0 for c in completions)
+        data = [
+            build_datum(prompt + c.tokens, [-100] * len(prompt) + c.tokens, 1.0, [1.0] * len(prompt) + c.logprobs, 1024)
+            for c in completions
+        ]
+        for completion, datum, row in zip(completions, data, backend.compute_logprobs(data), strict=True):
+            trained = [v for v, t in zip(row, datum.completion_mask, strict=True) if t]
+            assert trained == pytest.approx(completion.logprobs, abs=1e-4)

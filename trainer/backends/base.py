@@ -39,6 +39,7 @@ class Completion:
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
     top_logprobs: list[TopLogprobs] | None = None
     matched_stop: str | int | None = None
+    weights_version: int | None = None  # the published weights it was sampled from, when the backend knows
 
 
 @dataclass(frozen=True)
@@ -127,27 +128,6 @@ class WarningLog:
 class PublishedWeights:
     version: int = 0  # the training step the weights come from
     reference: str | None = None  # remote sampler handle, or None when published in-process
-
-
-class FairLock:
-    """A first-come-first-served lock, so a training step never starves behind a stream of sampling calls."""
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self._next_ticket = 0
-        self._now_serving = 0
-
-    def __enter__(self) -> FairLock:
-        with self._condition:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._condition.wait_for(lambda: self._now_serving == ticket)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._condition:
-            self._now_serving += 1
-            self._condition.notify_all()
 
 
 class TrainingBackend(ABC):

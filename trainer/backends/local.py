@@ -1,14 +1,15 @@
 """The `local` backend: torch + peft LoRA on this machine (CPU or CUDA).
 
-The model lives in the trainer process and is shared with the inference server: publishing weights after a
-step is an in-process version bump, never a reload. A first-come-first-served lock keeps a sampling call from
-seeing weights half-way through an optimiser step.
+The model lives in the trainer process and is shared with the inference server: the sampler
+(`trainer.backends.sampler`) keeps its own LoRA adapter over the same base weights, so publishing after a step
+hands it a copy of the adapter, never a reload, and sampling runs while the next step trains.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,13 +19,13 @@ from torch import nn
 from trainer.backends.base import (
     Checkpoint,
     Completion,
-    FairLock,
     ForwardBackwardResult,
     PublishedWeights,
     SamplingRequest,
     SamplingRequestError,
     TrainingBackend,
 )
+from trainer.backends.sampler import BatchedSampler, PendingSample
 from trainer.config import TrainerConfig
 from trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
 from trainer.grpo import TrainingDatum
@@ -111,12 +112,14 @@ class LocalBackend(TrainingBackend):
             eps=ADAM_EPS,
             weight_decay=0.0,
         )
-        self._lock = FairLock()
+        # Training calls (and checkpoints) one at a time; sampling never takes this lock.
+        self._lock = threading.Lock()
         self._max_context = int(getattr(base.config, "max_position_embeddings", 4096))
         self._eos_ids = self._stop_token_ids(base)
         self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
         if resume_from is not None:
             self._load_checkpoint(Path(resume_from.path))
+        self._sampler = BatchedSampler(self.model, self.tokenizer, self._device, self._sample_generator)
 
     def _stop_token_ids(self, model: nn.Module) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -181,8 +184,9 @@ class LocalBackend(TrainingBackend):
             self._optimizer.zero_grad(set_to_none=True)
 
     def publish_weights(self, step: int) -> PublishedWeights:
-        # The inference server samples from this very model, so publishing is a version bump under the lock.
+        # A copy of the adapter for the sampler, which takes it up before its next batch; the base is shared.
         with self._lock:
+            self._sampler.stage(step, self._trainable)
             self.published = PublishedWeights(version=step, reference=None)
         return self.published
 
@@ -223,83 +227,9 @@ class LocalBackend(TrainingBackend):
             raise SamplingRequestError(
                 f"the prompt has {len(request.prompt_tokens)} tokens; the context is {self._max_context}"
             )
-        with self._lock, torch.inference_mode():
-            return _generate(
-                self.model,
-                self.tokenizer,
-                request,
-                max_new_tokens=min(request.max_new_tokens, room),
-                stop_ids=self._eos_ids | set(request.stop_token_ids),
-                generator=self._generator_for(request),
-                device=self._device,
-            )
-
-    def _generator_for(self, request: SamplingRequest) -> torch.Generator:
-        if request.seed is None:
-            return self._sample_generator
-        return torch.Generator(device="cpu").manual_seed(request.seed)
-
-
-def _choose_tokens(logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator) -> torch.Tensor:
-    if request.temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / request.temperature, dim=-1)
-    if request.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > request.top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
-
-
-def _generate(
-    model: nn.Module,
-    tokenizer,
-    request: SamplingRequest,
-    max_new_tokens: int,
-    stop_ids: set[int],
-    generator: torch.Generator,
-    device: torch.device,
-) -> list[Completion]:
-    """Sample `request.n` continuations of one prompt together, with a KV cache."""
-    n = request.n
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logprobs: list[list[float]] = [[] for _ in range(n)]
-    top: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
-    finish: list[str | None] = [None] * n
-    matched: list[str | int | None] = [None] * n
-    output = model(input_ids=torch.tensor([request.prompt_tokens] * n, device=device), use_cache=True)
-    for _ in range(max_new_tokens):
-        step_logits = output.logits[:, -1, :].float()
-        step_logprobs = torch.log_softmax(step_logits, dim=-1)
-        chosen = _choose_tokens(step_logits, request, generator)
-        if request.top_logprobs > 0:
-            top_values, top_ids = step_logprobs.topk(min(request.top_logprobs, step_logprobs.shape[-1]), dim=-1)
-        for row in range(n):
-            if finish[row] is not None:
-                continue
-            token = int(chosen[row])
-            tokens[row].append(token)
-            logprobs[row].append(float(step_logprobs[row, token]))
-            if request.top_logprobs > 0:
-                top[row].append(list(zip(top_ids[row].tolist(), top_values[row].tolist(), strict=True)))
-            if token in stop_ids:
-                finish[row], matched[row] = "stop", token
-            elif request.stop:
-                text = tokenizer.decode(tokens[row], skip_special_tokens=True)
-                hit = next((s for s in request.stop if s and s in text), None)
-                if hit is not None:
-                    finish[row], matched[row] = "stop", hit
-        if all(reason is not None for reason in finish):
-            break
-        output = model(input_ids=chosen[:, None], cache=output.cache, use_cache=True)
-    return [
-        Completion(
-            tokens=tokens[row],
-            logprobs=logprobs[row],
-            finish_reason=finish[row] or "length",
-            top_logprobs=top[row] if request.top_logprobs > 0 else None,
-            matched_stop=matched[row],
+        pending = PendingSample(
+            request,
+            max_new_tokens=min(request.max_new_tokens, room),
+            stop_ids=frozenset(self._eos_ids | set(request.stop_token_ids)),
         )
-        for row in range(n)
-    ]
+        return self._sampler.sample(pending)

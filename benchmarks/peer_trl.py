@@ -1,0 +1,203 @@
+"""Steps per second of the offline echo pipeline against TRL's GRPOTrainer on the same task, side by side.
+
+    .venv/bin/pip install -e '.[bench]'      # TRL, pinned; not part of `make test`
+    .venv/bin/python benchmarks/peer_trl.py [--steps 60] [--repeats 1] [--only rlctl|trl]
+
+Both train the project's tiny model (built locally, nothing downloaded) on the echo task: groups of 8
+completions of at most 8 tokens, 4 groups (32 completions) per step, learning rate 1e-2, Adam β2 0.95, the echo
+reward of `environments/echo.py` (`score_reply`, default window and weight), the PPO ratio clipped to 0.8/1.2, no
+KL term, advantages not divided by the group's standard deviation.
+
+- **rlctl**: the real offline pipeline (`run-api`, the trainer on the local backend, `environments/echo.py`),
+  as `tests/trainer/pipeline.run_echo_pipeline` starts it: three processes talking HTTP.
+- **TRL**: `GRPOTrainer` in one process, on the CPU. TRL refuses a LoRA adapter on `lm_head` (it computes
+  logprobs from `lm_head.weight` directly), so its LoRA (rank 8, alpha 16) covers attention and MLP and the
+  whole `lm_head` trains (`modules_to_save`); rlctl's LoRA covers `lm_head` too.
+
+Printed per system and repeat: steps per second over the training steps (from the end of the first step to the
+end of the last, so start-up is left out), the wall time end to end, and the mean reward of the first and last
+quarter of steps; then the ratio rlctl / TRL of steps per second (the goal: at least 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The repository root, not benchmarks/ (whose datasets.py would hide the `datasets` package TRL needs).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics  # noqa: E402
+from trainer.tiny_model import init_tiny_model  # noqa: E402
+
+GROUP_SIZE = 8
+GROUPS_PER_STEP = 4
+REPLY_TOKENS = 8
+LEARNING_RATE = 1e-2
+LORA_RANK = 8
+
+
+@dataclass(frozen=True)
+class Outcome:
+    system: str
+    steps: int
+    train_s: float  # from the end of the first step to the end of the last
+    wall_s: float  # end to end, start-up included
+    rewards: list[float]
+
+    @property
+    def steps_per_s(self) -> float:
+        return (self.steps - 1) / self.train_s
+
+    def quarters(self) -> tuple[float, float]:
+        quarter = max(1, len(self.rewards) // 4)
+        return statistics.fmean(self.rewards[:quarter]), statistics.fmean(self.rewards[-quarter:])
+
+    def line(self) -> str:
+        first, last = self.quarters()
+        return (
+            f"{self.system:>6}: {self.steps_per_s:5.2f} steps/s ({self.train_s / (self.steps - 1) * 1000:6.1f} ms per "
+            f"step), {self.wall_s:6.1f} s end to end, reward first quarter {first:.3f}, last quarter {last:.3f}"
+        )
+
+
+def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
+    run_dir = workdir / f"rlctl-seed{seed}"
+    started = time.monotonic()
+    run = run_echo_pipeline(
+        run_dir,
+        model_dir=model_dir,
+        total_steps=steps,
+        environment=child_environment(workdir / "var", WANDB_MODE="disabled"),
+        timeout_s=1800,
+        start_timeout_s=300,
+        env={"seed": seed, "steps_per_eval": 10 * steps},
+        tinker={"seed": seed, "learning_rate": LEARNING_RATE, "save_checkpoint_interval": 10 * steps},
+    )
+    wall_s = time.monotonic() - started
+    if run.exit_code != 0:
+        raise SystemExit(f"rlctl: the trainer failed:\n{run.trainer.log_tail()}")
+    records = step_metrics(run_dir)
+    times = [record["time"] for record in records]
+    return Outcome("rlctl", len(records), times[-1] - times[0], wall_s, [r["metrics"]["reward/mean"] for r in records])
+
+
+def run_trl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
+    started = time.monotonic()
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trainer.backends.local import linear_module_names
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "environments"))
+    from echo import EchoConfig, score_reply
+
+    defaults = EchoConfig.model_fields
+    window, weight = defaults["reply_tokens"].default, defaults["digit_weight"].default
+    rng = random.Random(seed)
+    targets = ["".join(rng.choice("0123456789") for _ in range(4)) for _ in range(steps * GROUPS_PER_STEP)]
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"Echo: {target}"}], "target": target} for target in targets]
+    )
+
+    def echo_reward(completions: list[Any], target: list[str], **_: Any) -> list[float]:
+        texts = [c[0]["content"] if isinstance(c, list) else str(c) for c in completions]
+        return [score_reply(text, wanted, window, weight) for text, wanted in zip(texts, target, strict=True)]
+
+    step_ends: list[float] = []
+
+    class StepClock(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *_args: Any, **_kwargs: Any) -> None:
+            step_ends.append(time.monotonic())
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    lora = LoraConfig(
+        r=LORA_RANK,
+        lora_alpha=2 * LORA_RANK,
+        target_modules=[name for name in linear_module_names(model) if name != "lm_head"],
+        modules_to_save=["lm_head"],
+        lora_dropout=0.0,
+        bias="none",
+    )
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl"),
+        per_device_train_batch_size=GROUP_SIZE * GROUPS_PER_STEP,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP_SIZE,
+        max_completion_length=REPLY_TOKENS,
+        temperature=1.0,
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        beta=0.0,
+        epsilon=0.2,
+        scale_rewards="none",
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=echo_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=[StepClock()],
+    )
+    trainer.train()
+    wall_s = time.monotonic() - started
+    rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
+    return Outcome("TRL", len(step_ends), step_ends[-1] - step_ends[0], wall_s, rewards)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--only", choices=["rlctl", "trl"], default=None)
+    args = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rlctl-peer-trl-") as scratch:
+        workdir = Path(scratch)
+        model_dir = init_tiny_model(workdir / "var" / "models" / "tiny-qwen3", seed=0)
+        outcomes: dict[str, list[Outcome]] = {"rlctl": [], "TRL": []}
+        for repeat in range(args.repeats):
+            if args.only != "trl":
+                outcomes["rlctl"].append(run_rlctl(workdir, model_dir, args.steps, seed=repeat))
+                print(outcomes["rlctl"][-1].line(), flush=True)
+            if args.only != "rlctl":
+                outcomes["TRL"].append(run_trl(workdir / f"trl-{repeat}", model_dir, args.steps, seed=repeat))
+                print(outcomes["TRL"][-1].line(), flush=True)
+            print(f"load average after repeat {repeat}: {os.getloadavg()}", flush=True)
+    if outcomes["rlctl"] and outcomes["TRL"]:
+        ours = statistics.median(o.steps_per_s for o in outcomes["rlctl"])
+        theirs = statistics.median(o.steps_per_s for o in outcomes["TRL"])
+        print(f"median steps/s: rlctl {ours:.2f}, TRL {theirs:.2f}, ratio rlctl/TRL {ours / theirs:.2f}")
+
+
+if __name__ == "__main__":
+    main()
