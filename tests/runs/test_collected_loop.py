@@ -66,7 +66,7 @@ def test_trajectories_collected_from_the_served_base_model_train_a_checkpoint_th
             json={
                 "backend": "local",
                 "dataset": {"id": scored["dataset_id"], "held_out": 0.25},
-                "config": {"group_size": SAMPLES, "batch_size": 16, "epochs": 4},
+                "config": {"group_size": SAMPLES, "batch_size": 16, "epochs": 3},
             },
         )
         assert run.status_code == 201, run.text
