@@ -121,7 +121,8 @@ def hostile_replies(base_url: str, items: int) -> dict[str, Any]:
 
     with chat_server(model) as server, httpx.Client(base_url=base_url, timeout=60) as client:
         body = {"name": "flood", "prompts": [{"prompt": f"p{i}"} for i in range(items // 2)],
-                "base_url": server.base_url, "model": "flood", "max_turns": 3, "concurrency": 4}  # fmt: skip
+                "base_url": server.base_url, "model": "flood", "max_turns": 3, "concurrency": 4,
+                "discard_without_reasoning": False}  # fmt: skip
         collection = client.post("/collections", json=body).json()
         return wait_collection(client, collection["id"])
 
@@ -229,7 +230,8 @@ def escape_collection(service: Service, data_dir: Path) -> tuple[dict[str, list[
     counts: dict[str, list[int]] = {}
     with chat_server(model) as server, httpx.Client(base_url=service.base_url, timeout=60) as client:
         body = {"name": "escape", "prompts": [{"prompt": "escape"}], "base_url": server.base_url, "model": "m",
-                "tools": ["terminal", "read_file", "write_file"], "max_turns": 3, "tool_timeout_s": 10}  # fmt: skip
+                "tools": ["terminal", "read_file", "write_file"], "max_turns": 3, "tool_timeout_s": 10,
+                "discard_without_reasoning": False}  # fmt: skip
         created = client.post("/collections", json=body)
         if created.status_code != 202:
             return {"sandbox unavailable (collection refused)": [0, 1]}, created.text

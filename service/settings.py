@@ -132,6 +132,14 @@ class Settings(BaseSettings):
     summary_timeout_s: float = Field(120, gt=0, description="Time-out per record, retries included.")
     summary_max_retries: int = Field(3, ge=0, le=10)
     summary_concurrency: int = Field(4, ge=1, le=64, description="Records summarised at once.")
+    judge_base_url: str | None = Field(
+        None, description="OpenAI-compatible judge (docs/TRAJECTORIES.md#judge); OpenRouter when only its key is set."
+    )
+    judge_model: str = Field("openai/o4-mini", max_length=256, description="Default judge model.")
+    judge_api_key: SecretStr | None = Field(None, description="The key of judge_base_url, sent only there.")
+    judge_timeout_s: float = Field(120, gt=0, description="Time-out per group, retries included.")
+    judge_max_retries: int = Field(2, ge=0, le=10)
+    judge_concurrency: int = Field(4, ge=1, le=64, description="Groups judged at once.")
     collection_api_key: SecretStr | None = Field(None, description="Key sent to collection chat endpoints.")
     collection_key_hosts: str = Field(
         "openrouter.ai", description="Hosts (':'-separated) that may receive the collection or OpenRouter key."
@@ -272,6 +280,7 @@ class Settings(BaseSettings):
             self.wandb_api_key,
             self.openrouter_api_key,
             self.summary_api_key,
+            self.judge_api_key,
             self.collection_api_key,
             self.inference_api_key,
         ]

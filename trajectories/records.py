@@ -23,6 +23,7 @@ RECORD_KEYS = frozenset(
         "completed",
         "reward",
         "reward_breakdown",
+        "reward_reasons",
         # Statistics derived from the turns, written beside them for readers; recomputed, never read back.
         "tool_stats",
         "reasoning_stats",
@@ -61,6 +62,7 @@ class TrajectoryRecord:
     completed: bool | None = None  # as stated by the source; None when it says nothing
     reward: float | None = None  # set by scoring
     reward_breakdown: dict[str, float] | None = None
+    reward_reasons: dict[str, str] | None = None  # a judge's short reason, by reward name (docs/TRAJECTORIES.md#judge)
 
 
 def turn_to_dict(turn: Turn) -> dict[str, Any]:
@@ -91,6 +93,8 @@ def record_to_dict(record: TrajectoryRecord) -> dict[str, Any]:
         data["reward"] = record.reward
     if record.reward_breakdown is not None:
         data["reward_breakdown"] = record.reward_breakdown
+    if record.reward_reasons is not None:
+        data["reward_reasons"] = record.reward_reasons
     return data
 
 
@@ -140,6 +144,11 @@ def record_from_dict(data: Any) -> TrajectoryRecord:
     reward = data.get("reward")
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
         raise RecordFormatError("reward must be a number")
+    reasons = data.get("reward_reasons")
+    if reasons is not None and not (
+        isinstance(reasons, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in reasons.items())
+    ):
+        raise RecordFormatError("reward_reasons must map reward names to strings")
     return TrajectoryRecord(
         turns=tuple(turn_from_dict(t, f"conversations[{i}]") for i, t in enumerate(conversations)),
         metadata=metadata,
@@ -148,6 +157,7 @@ def record_from_dict(data: Any) -> TrajectoryRecord:
         completed=completed,
         reward=float(reward) if reward is not None else None,
         reward_breakdown=data.get("reward_breakdown"),
+        reward_reasons=reasons,
     )
 
 

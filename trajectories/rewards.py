@@ -101,6 +101,29 @@ class EnvironmentReward:
         return float(self.scorer.score(record))
 
 
+class Unscored(Exception):  # noqa: N818 - an outcome, not a fault: the record is kept, unscored and counted
+    """A reward that cannot score this record (e.g. its judge failed): the record stays unscored, never 0."""
+
+    def __init__(self, reward: str, reason: str) -> None:
+        super().__init__(f"{reward}: {reason}")
+        self.reward, self.reason = reward, reason
+
+
+@dataclass(frozen=True)
+class DecidedReward:
+    """A value decided before the record is scored, by a step that sees the whole group (the judge, the
+    completion score); ``value`` None means it could not be decided, for ``reason``."""
+
+    name: str
+    value: float | None
+    reason: str = "unscored"
+
+    def __call__(self, record: TrajectoryRecord) -> float:
+        if self.value is None:
+            raise Unscored(self.name, self.reason)
+        return self.value
+
+
 @dataclass(frozen=True)
 class WeightedReward:
     function: RewardFunction
@@ -122,10 +145,13 @@ def score_record(record: TrajectoryRecord, rewards: Sequence[WeightedReward]) ->
     return RewardResult(reward=total, breakdown=breakdown)
 
 
-def scored(record: TrajectoryRecord, rewards: Sequence[WeightedReward]) -> TrajectoryRecord:
-    """The record with ``reward`` and ``reward_breakdown`` set."""
+def scored(
+    record: TrajectoryRecord, rewards: Sequence[WeightedReward], reasons: dict[str, str] | None = None
+) -> TrajectoryRecord:
+    """The record with ``reward`` and ``reward_breakdown`` set (and the judge's ``reward_reasons`` when given);
+    raises ``Unscored`` when one of the rewards cannot score it."""
     result = score_record(record, rewards)
-    return replace(record, reward=result.reward, reward_breakdown=result.breakdown)
+    return replace(record, reward=result.reward, reward_breakdown=result.breakdown, reward_reasons=reasons or None)
 
 
 BUILTIN_REWARDS: dict[str, Callable[..., RewardFunction]] = {

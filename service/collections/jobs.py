@@ -224,7 +224,9 @@ class CollectionRun:
             "has_reasoning": has_reasoning,
             "completed": trajectory.completed,
         }
-        if self.params.get("discard_without_reasoning") and not has_reasoning:
+        # Default on (docs/DATASETS.md#collections-the-batch-runner); a collection stored before the default
+        # changed has the key written out, so the default here only covers a hand-made params file.
+        if self.params.get("discard_without_reasoning", True) and not has_reasoning:
             self._save_item(prompt_index, run_index, DISCARDED, "no_reasoning", **outcome)
             return
         path = self._item_path(prompt_index, run_index)

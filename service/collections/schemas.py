@@ -86,7 +86,9 @@ class CreateCollectionRequest(BaseModel):
     tool_output_limit: int = Field(10_000, ge=100, le=1_000_000, description="Characters of tool output kept.")
     request_timeout_s: float = Field(120, ge=1, le=3600, description="Time limit of one model call.")
     discard_without_reasoning: bool = Field(
-        False, description="Discard trajectories with no reasoning (recorded, so a resume skips them)."
+        True,
+        description="Discard trajectories with no reasoning, as the batch runner this one follows does (recorded "
+        "and counted as `discarded`, so a resume skips them); `false` keeps them.",
     )
 
     @field_validator("network")

@@ -49,6 +49,12 @@ class SummarizerNotConfigured(Conflict):
     code = "SUMMARIZER_NOT_CONFIGURED"
 
 
+class JudgeNotConfigured(Conflict):
+    """The `judge` reward was asked for, but the server has no judge endpoint configured."""
+
+    code = "JUDGE_NOT_CONFIGURED"
+
+
 class DatasetBusy(Conflict):
     """A job is still reading the dataset."""
 

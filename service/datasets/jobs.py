@@ -14,13 +14,14 @@ import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from service.context import AppContext
 from service.datasets import env_scorer
 from service.datasets.builder import DatasetBuilder, insert_dataset_row
+from service.datasets.group_rewards import GroupRewards, make_judge
 from service.datasets.schemas import DatasetOut, DerivedDatasetResult
 from service.datasets.service import dataset_stats, dataset_store, get_dataset, summary_endpoint
 from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at
@@ -31,8 +32,9 @@ from service.jobs.runner import JobFailed, JobHandle, JobKind
 from trajectories.compression import CompressionConfig, CompressionStats, compress_record
 from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
 from trajectories.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
+from trajectories.judge import GROUP_REWARDS, JUDGE_REWARD
 from trajectories.records import TrajectoryRecord, record_from_dict
-from trajectories.rewards import CorrectnessReward, WeightedReward, build_rewards, scored
+from trajectories.rewards import CorrectnessReward, DecidedReward, Unscored, WeightedReward, build_rewards, scored
 from trajectories.summarizers import ExtractiveSummarizer, Summarizer
 
 T = TypeVar("T")
@@ -249,29 +251,100 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
         return done
     parent, params = job.parent(), handle.params
     answer_field = params.get("answer_field", "answer")
-    scorers = environment_scorers(ctx, params["rewards"], answer_field)
+    spec: list[dict[str, Any]] = params["rewards"]
+    plain_spec = [entry for entry in spec if entry["name"] not in GROUP_REWARDS]
+    scorers = environment_scorers(ctx, plain_spec, answer_field)
+    group: GroupRewards | None = None
     try:
-        rewards = build_rewards(params["rewards"], scorers)
-        rewards = [with_answer_field(reward, answer_field) for reward in rewards]
+        plain = {w.function.name: with_answer_field(w, answer_field) for w in build_rewards(plain_spec, scorers)}
+        if len(plain) < len(spec):
+            group = _group_rewards(ctx, job, spec, plain)
         parent_stats = dataset_stats(ctx, parent.id).stats
         builder = job.builder(load_counter(ctx.settings, "approx"), stats=parent_stats)
         missing = {"answer_missing": 0}
+        unscored: dict[str, int] = {}
 
-        def accept(record: TrajectoryRecord, out: DatasetBuilder) -> None:
+        def accept(item: tuple[int, TrajectoryRecord], out: DatasetBuilder) -> None:
+            offset, record = item
             if answer_field not in record.metadata:
                 missing["answer_missing"] += 1
+            decided = group.for_record(offset, record) if group is not None else None
+            weighted = [
+                plain[entry["name"]]
+                if entry["name"] in plain
+                else WeightedReward(
+                    DecidedReward(
+                        entry["name"],
+                        decided.values.get(entry["name"]) if decided else None,
+                        decided.why.get(entry["name"], "unscored") if decided else "unscored",
+                    ),
+                    float(entry.get("weight", 1.0)),
+                )
+                for entry in spec
+            ]
             try:
-                out.add(scored(record, rewards))
+                out.add(scored(record, weighted, decided.reasons if decided else None))
+            except Unscored as outcome:  # kept, unscored and counted: never a silent 0
+                key = f"{outcome.reward}:{outcome.reason}"
+                unscored[key] = unscored.get(key, 0) + 1
+                out.add(replace(record, reward=None, reward_breakdown=None, reward_reasons=None))
             except env_scorer.ScorerFailed as error:
                 raise JobFailed(str(error)) from None
 
-        job.run(builder, parent.record_count, job.records(), accept)
+        records_path = dataset_store(ctx).files(parent.id).records
+        offsets = (
+            (offset, record_from_dict(json.loads(line))) for offset, line in iter_lines_with_offsets(records_path)
+        )
+        job.run(builder, parent.record_count, offsets, accept)
     finally:
         for scorer in scorers.values():
             scorer.close()
-    weights = {reward.function.name: reward.weight for reward in rewards}
+        if group is not None:
+            group.close()
+    weights = {entry["name"]: float(entry.get("weight", 1.0)) for entry in spec}
     report = {"rewards": builder.rewards.as_dict(), "weights": weights, "answer_field": answer_field, **missing}
+    report["unscored"] = sum(unscored.values())
+    report["unscored_by_reason"] = unscored
+    if group is not None:
+        report.update(group.report())
     return job.finish(builder, parent, report)
+
+
+def _group_rewards(
+    ctx: AppContext, job: Derivation, spec: list[dict[str, Any]], plain: dict[str, WeightedReward]
+) -> GroupRewards:
+    """Decides the group rewards (judge, completion) for every record before the scoring pass."""
+    params = job.params
+    options = params.get("judge") or {}
+    names = [entry["name"] for entry in spec if entry["name"] in GROUP_REWARDS]
+    judge = make_judge(ctx.settings, ctx.db, options.get("model") or ctx.settings.judge_model, ctx.scrub)
+    if judge is None and JUDGE_REWARD in names:
+        raise JobFailed("the judge endpoint is no longer configured: set RLCTL_JUDGE_BASE_URL and score again")
+    reference_name = options.get("calibrate_with") or next(
+        (name for name in ("correctness", "source_reward") if name in plain), None
+    )
+    reference = (reference_name, plain[reference_name].function) if reference_name in plain else None
+    group = GroupRewards(names, judge, options.get("rubric"), reference if JUDGE_REWARD in names else None)
+    store = dataset_store(ctx)
+    scratch = store.staging(f"{job.handle.job_id}-groups")
+    try:
+        records = store.files(params["dataset_id"]).records
+        pairs, _ = sorted_group_keys(records, options.get("group_by"), scratch.directory)
+        workers = ctx.settings.judge_concurrency
+        prepared = (group.prepare(g) for g in group.groups(records, pairs))
+        outcomes = ordered_map(group.decide, prepared, workers)
+        try:
+            for outcome in outcomes:
+                group.accept(outcome)
+                job.handle.check_cancelled()
+        finally:
+            outcomes.close()
+    except BaseException:
+        group.close()
+        raise
+    finally:
+        store.discard(scratch)
+    return group
 
 
 def environment_scorers(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.names import NAME_PATTERN
+from trajectories.judge import MAX_RUBRIC_CHARS
 
 UploadFormat = Literal[
     "auto",
@@ -162,9 +163,35 @@ class RewardSpec(BaseModel):
 
     name: str = Field(
         pattern=NAME_PATTERN,
-        description="correctness, format, source_reward, or an environment with a scorer (e.g. gsm8k).",
+        description="correctness, format, source_reward, judge, completion, or an environment with a scorer "
+        "(e.g. gsm8k).",
     )
     weight: float = Field(1.0, ge=-1000, le=1000)
+
+
+class JudgeOptions(BaseModel):
+    """How the `judge` and `completion` rewards ask the judge model (docs/TRAJECTORIES.md#judge)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="Default: RLCTL_JUDGE_MODEL."
+    )
+    rubric: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_RUBRIC_CHARS,
+        description="What makes a trajectory better; default: the docs' rubric.",
+    )
+    group_by: str | None = Field(
+        None, pattern=FIELD_PATTERN, description="Metadata field that names the prompt; default: the human turns."
+    )
+    calibrate_with: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="A requested reward to measure the judge against (default: correctness, else source_reward, "
+        "when requested).",
+    )
 
 
 class ScoreRequest(BaseModel):
@@ -178,6 +205,7 @@ class ScoreRequest(BaseModel):
         '{"name": "format", "weight": 1.0}].',
     )
     answer_field: str = Field("answer", pattern=FIELD_PATTERN, description="Metadata field of the expected answer.")
+    judge: JudgeOptions | None = Field(None, description="The judge's model, rubric and grouping (judge, completion).")
 
 
 class GrpoExportRequest(BaseModel):

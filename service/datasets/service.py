@@ -22,9 +22,11 @@ from service.datasets.errors import (
     ExportNotFound,
     InvalidEncoding,
     InvalidRecords,
+    JudgeNotConfigured,
     SummarizerNotConfigured,
     UnknownReward,
 )
+from service.datasets.judge_client import judge_endpoint
 from service.datasets.schemas import (
     CompressRequest,
     DatasetList,
@@ -53,6 +55,7 @@ from service.jobs.service import get_job
 from service.names import validate_name
 from service.pagination import DEFAULT_PAGE, newest_first_page
 from trajectories.importing import import_item
+from trajectories.judge import GROUP_REWARDS, JUDGE_REWARD
 from trajectories.reading import ItemError, ItemTooLarge
 from trajectories.records import record_from_dict
 from trajectories.rewards import BUILTIN_REWARDS
@@ -273,20 +276,43 @@ def start_compression(ctx: AppContext, dataset_id: str, request: CompressRequest
 
 def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    check_rewards(ctx, request.rewards)
-    return _submit(ctx, "dataset_score", parent, request.model_dump())
+    check_rewards(ctx, request.rewards, group_rewards=True)
+    params = request.model_dump()
+    names = [reward.name for reward in request.rewards]
+    if JUDGE_REWARD in names and judge_endpoint(ctx.settings) is None:
+        raise JudgeNotConfigured(
+            "the judge reward needs a judge endpoint: set RLCTL_JUDGE_BASE_URL (or OPENROUTER_API_KEY)",
+            {"reward": JUDGE_REWARD},
+        )
+    judge = request.judge
+    if judge is not None and judge.calibrate_with is not None and judge.calibrate_with not in names:
+        raise ValidationFailed(
+            "calibrate_with names a reward of the request", {"field": "judge.calibrate_with", "rewards": names}
+        )
+    if any(name in GROUP_REWARDS for name in names):
+        # Fixed when submitted, so a resumed job asks the same model (and the cache key stays the same).
+        params["judge"] = {**(params.get("judge") or {}), "model": (judge and judge.model) or ctx.settings.judge_model}
+    return _submit(ctx, "dataset_score", parent, params)
 
 
-def check_rewards(ctx: AppContext, rewards: list[RewardSpec]) -> None:
-    """Each reward once, and each one known: built in, or an environment that offers a scorer."""
+def check_rewards(ctx: AppContext, rewards: list[RewardSpec], group_rewards: bool = False) -> None:
+    """Each reward once, and each one known: built in, or an environment that offers a scorer; the group rewards
+    (judge, completion) only where the caller scores whole groups (dataset scoring)."""
     names = [reward.name for reward in rewards]  # a rule over the items, which a JSON schema cannot state
     if len(set(names)) != len(names):
         raise ValidationFailed("each reward function may appear once", {"rewards": names})
+    known = [*BUILTIN_REWARDS, *(GROUP_REWARDS if group_rewards else ())]
     for reward in rewards:
-        if reward.name not in BUILTIN_REWARDS and not env_scorer.has_scorer(ctx, reward.name):
+        if reward.name in GROUP_REWARDS and not group_rewards:
+            raise ValidationFailed(
+                f"the {reward.name!r} reward scores a stored dataset's groups (POST /datasets/{{id}}/score); "
+                "score the dataset with it instead",
+                {"name": reward.name},
+            )
+        if reward.name not in known and not env_scorer.has_scorer(ctx, reward.name):
             raise UnknownReward(
                 f"unknown reward function {reward.name!r}",
-                {"name": reward.name, "available": [*BUILTIN_REWARDS, *env_scorer.scorer_environments(ctx)]},
+                {"name": reward.name, "available": [*known, *env_scorer.scorer_environments(ctx)]},
             )
 
 

@@ -253,3 +253,18 @@ class CollectionItem(Base):
         UniqueConstraint("collection_id", "prompt_index", "run_index", name="uq_collection_items_item"),
         Index("ix_collection_items_collection_id_status", "collection_id", "status"),
     )
+
+
+# --- the judge's cache (migration 0008) ---
+
+
+class JudgeCacheEntry(Base):
+    """A judge's verdicts on one group, by content: the same model, rubric and group contents are never judged
+    twice (docs/TRAJECTORIES.md#judge). Scores and short reasons only: never a key, never the trajectories."""
+
+    __tablename__ = "judge_cache"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # trajectories/judge.py cache_key
+    model: Mapped[str] = mapped_column(String(256))
+    verdicts: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{score, reason}] in group order
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -155,7 +155,9 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
         "rl_score_dataset",
         "Score every trajectory with weighted reward functions (correctness: 2.0 when the expected answer is in the "
         "final answer; format: 0.25 for <think>, 0.25 for <tool_call>; or an environment's scorer by name, e.g. "
-        "gsm8k). Runs in the background and makes a new dataset whose records carry reward and reward_breakdown.",
+        "gsm8k; judge: a judge model scores each prompt's group against a rubric, 0-1 with a reason; completion: "
+        "2 complete, 1 partial, 0 failed, by the source's outcome else the judge). Runs in the background and makes "
+        "a new dataset whose records carry reward, reward_breakdown and the judge's reward_reasons.",
         ScoreDatasetArgs,
         JobStartedResult,
         score_dataset,

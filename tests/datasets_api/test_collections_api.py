@@ -56,6 +56,7 @@ def request_body(endpoint: TinyEndpoint, **overrides: Any) -> dict[str, Any]:
         # Few tokens: what is checked is which (prompt, run) pairs ran and how often, not what the model said; a
         # long random answer from the tiny model only costs CPU (minutes of it for 20 pairs on a loaded machine).
         "max_tokens": 24,
+        "discard_without_reasoning": False,  # the tiny model never reasons: keep its trajectories
     }
     return {**body, **overrides}
 
@@ -138,7 +139,8 @@ def test_a_service_restart_resumes_and_discarded_pairs_are_not_run_again(
 ) -> None:
     settings = make_settings()
     calls_before = tiny_endpoint.chat_calls()
-    body = request_body(tiny_endpoint, discard_without_reasoning=True, concurrency=2, runs_per_prompt=3)
+    body = request_body(tiny_endpoint, concurrency=2, runs_per_prompt=3)
+    del body["discard_without_reasoning"]  # the default: samples without reasoning are dropped
     with in_process_service(settings) as live, live.client() as client:
         collection_id = client.post("/collections", json=body).json()["id"]
         first_job = wait_until(
@@ -226,6 +228,39 @@ def test_tool_calls_run_in_the_sandbox_and_keys_go_only_to_allowed_hosts(
     for secret in (COLLECTION_KEY, OPENROUTER_KEY):
         assert secret not in responses
         assert all(secret.encode() not in p.read_bytes() for p in settings.data_path.rglob("*") if p.is_file())
+
+
+def test_samples_without_reasoning_are_dropped_by_default_and_counted(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """The batch runner rlctl follows keeps only trajectories that reason: by default a collection drops the others
+    (counted as discarded), and `discard_without_reasoning: false` keeps them. A scripted model stands in for a
+    reasoning model (the tiny one never reasons): it reasons on even prompts only."""
+
+    def model(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        number = int(body["messages"][-1]["content"].removeprefix("p"))
+        if number % 2 == 0:
+            return 200, {"content": "4", "reasoning_content": "Two and two make four."}
+        return 200, {"content": "4"}
+
+    prompts = [{"prompt": f"p{i}"} for i in range(4)]
+    with chat_server(model) as server, in_process_service(make_settings()) as live, live.client() as client:
+        body = {"name": "r", "prompts": prompts, "base_url": server.base_url, "model": "m", "concurrency": 2}
+        default = wait_status(client, client.post("/collections", json=body).json()["id"], "completed", "failed")
+        kept_all = client.post("/collections", json={**body, "discard_without_reasoning": False}).json()["id"]
+        kept_all_done = wait_status(client, kept_all, "completed", "failed")
+        dataset = client.get(f"/datasets/{default['dataset_id']}").json()
+        records = client.get(f"/datasets/{default['dataset_id']}/records").json()["records"]
+        items = all_items(client, default["id"])
+    assert default["params"]["discard_without_reasoning"] is True
+    assert default["progress"] == {"total": 8, "kept": 4, "discarded": 4, "failed": 0, "pending": 0}
+    assert dataset["report"]["kept"] == 4 and dataset["report"]["discarded"] == 4 and dataset["record_count"] == 4
+    assert {r["metadata"]["prompt_index"] for r in records} == {0, 2}
+    assert {(i["prompt_index"] % 2, i["status"], i["reason"]) for i in items} == {
+        (0, "kept", None),
+        (1, "discarded", "no_reasoning"),
+    }
+    assert kept_all_done["progress"]["kept"] == 8 and kept_all_done["progress"]["discarded"] == 0
 
 
 def test_collection_requests_are_validated(service: Any) -> None:

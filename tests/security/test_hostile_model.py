@@ -87,6 +87,7 @@ def test_a_hostile_model_cannot_escape_steal_or_persist(
                 "runs_per_prompt": 2,
                 "max_turns": 4,
                 "tool_timeout_s": 20,
+                "discard_without_reasoning": False,  # the hostile model never reasons; its trajectories are kept
             }
             created = client.post("/collections", json=body)
             assert created.status_code == 202, created.text
@@ -145,7 +146,7 @@ def test_a_collection_stops_at_its_total_size(make_settings: Callable[..., Setti
     settings = make_settings(collection_max_bytes=150_000)
     with chat_server(talkative) as model, live_service(settings) as live, live.client() as client:
         body = {"name": "big", "prompts": [{"prompt": f"p{i}"} for i in range(5)], "base_url": model.base_url,
-                "model": "m", "concurrency": 1}  # fmt: skip
+                "model": "m", "concurrency": 1, "discard_without_reasoning": False}  # fmt: skip
         collection_id = client.post("/collections", json=body).json()["id"]
         done = wait_until(
             lambda: (

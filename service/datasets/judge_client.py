@@ -1,0 +1,156 @@
+"""The judge model: asks an OpenAI-compatible chat endpoint to score a group of trajectories (network I/O, so not
+in `trajectories/`, which builds the prompt and reads the answer), with a cache by content in the database.
+
+The key goes only to the judge's own endpoint (docs/TRAJECTORIES.md#judge); errors are scrubbed of every secret
+before they are kept anywhere, and a failure leaves the group's records unscored: never a silent 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from sqlalchemy.exc import IntegrityError
+
+from service.db.engine import Database
+from service.db.models import JudgeCacheEntry
+from service.settings import Settings
+from trajectories.judge import JudgeReplyError, JudgeVerdict, cache_key, content_hash, judge_messages, parse_judge_reply
+from trajectories.records import TrajectoryRecord
+
+_NON_RETRYABLE_STATUS = frozenset({400, 401, 403, 404, 422})
+MAX_JUDGE_OUTPUT_TOKENS = 4096
+
+
+class JudgeFailed(Exception):
+    """No usable verdicts for a group (after the retries): its records stay unscored."""
+
+
+def judge_endpoint(settings: Settings) -> tuple[str, str] | None:
+    """(base URL, key) of the configured judge, or None. `RLCTL_JUDGE_BASE_URL` gets `RLCTL_JUDGE_API_KEY` (or
+    the placeholder `no-key`); only without one does the judge default to OpenRouter, with OPENROUTER_API_KEY:
+    each key goes to its own host and nowhere else."""
+    if settings.judge_base_url:
+        key = settings.judge_api_key
+        return settings.judge_base_url, key.get_secret_value() if key else "no-key"
+    if settings.openrouter_api_key:
+        return settings.openrouter_base_url, settings.openrouter_api_key.get_secret_value()
+    return None
+
+
+class JudgeClient:
+    """One group per call, retried on transient failures and on unreadable answers, within ``timeout_s``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str,
+        scrub: Callable[[str], str],
+        max_retries: int = 2,
+        timeout_s: float = 120.0,
+        backoff_s: float = 1.0,
+    ) -> None:
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        self.model, self._scrub = model, scrub
+        self._max_retries, self._timeout_s, self._backoff_s = max_retries, timeout_s, backoff_s
+
+    def judge(self, group: Sequence[TrajectoryRecord], rubric: str) -> list[JudgeVerdict]:
+        deadline = time.monotonic() + self._timeout_s
+        messages = judge_messages(group, rubric)
+        failure = "no attempt made"
+        for attempt in range(self._max_retries + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                return parse_judge_reply(self._ask(messages, remaining), len(group))
+            except openai.APIStatusError as error:
+                if error.status_code in _NON_RETRYABLE_STATUS:
+                    raise JudgeFailed(f"the judge refused the request: HTTP {error.status_code}") from None
+                failure = f"HTTP {error.status_code}"
+            except (openai.APIConnectionError, openai.APITimeoutError) as error:
+                failure = str(error) or type(error).__name__
+            except JudgeReplyError as error:
+                failure = f"unreadable answer: {error}"
+            pause = min(self._backoff_s * 2**attempt, deadline - time.monotonic())
+            if attempt < self._max_retries and pause > 0:
+                time.sleep(pause)
+        raise JudgeFailed(self._scrub(f"no verdict after {self._max_retries + 1} attempts: {failure}")[:500])
+
+    def _ask(self, messages: list[dict[str, str]], timeout: float) -> str:
+        response = self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]  # plain role/content dicts; the SDK types them as TypedDicts
+            max_tokens=MAX_JUDGE_OUTPUT_TOKENS,
+            timeout=timeout,
+        )
+        content = response.choices[0].message.content if response.choices else None
+        if not content:
+            raise JudgeReplyError("the judge returned an empty answer")
+        return content
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@dataclass
+class JudgeCounters:
+    groups: int = 0
+    calls: int = 0
+    cache_hits: int = 0
+    failed_groups: int = 0
+    first_error: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "groups": self.groups,
+            "judge_calls": self.calls,
+            "cache_hits": self.cache_hits,
+            "failed_groups": self.failed_groups,
+            "first_error": self.first_error,
+        }
+
+
+class CachedJudge:
+    """A judge whose verdicts are kept by content (model + rubric + the group's content hashes): a group seen
+    before is answered from the database without a request. Safe to call from several threads."""
+
+    def __init__(self, client: JudgeClient, database: Database) -> None:
+        self.client, self._db = client, database
+        self.counters = JudgeCounters()
+
+    def judge(self, group: Sequence[TrajectoryRecord], rubric: str) -> list[JudgeVerdict] | None:
+        """The verdicts, in group order; None when the judge failed (counted, with the first error kept)."""
+        key = cache_key(self.client.model, rubric, [content_hash(record) for record in group])
+        with self.counters.lock:
+            self.counters.groups += 1
+        with self._db.read() as session:
+            entry = session.get(JudgeCacheEntry, key)
+            if entry is not None and len(entry.verdicts) == len(group):
+                with self.counters.lock:
+                    self.counters.cache_hits += 1
+                return [JudgeVerdict(float(v["score"]), str(v["reason"])) for v in entry.verdicts]
+        with self.counters.lock:
+            self.counters.calls += 1
+        try:
+            verdicts = self.client.judge(group, rubric)
+        except JudgeFailed as error:
+            with self.counters.lock:
+                self.counters.failed_groups += 1
+                self.counters.first_error = self.counters.first_error or str(error)
+            return None
+        try:
+            with self._db.session() as session:
+                session.add(JudgeCacheEntry(key=key, model=self.client.model, verdicts=[v.as_dict() for v in verdicts]))
+        except IntegrityError:
+            pass  # another thread judged the same group at the same time: its verdicts are kept
+        return verdicts
+
+    def close(self) -> None:
+        self.client.close()

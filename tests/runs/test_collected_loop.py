@@ -1,0 +1,91 @@
+"""The whole loop on trajectories the base model wrote itself, offline with the tiny model and no keys: serve the
+base model (`rlctl model serve`, a real process), collect several answers per echo prompt through POST /collections,
+score them with the `echo` reward, train offline on them, and evaluate the trained checkpoint against the base on
+held-out prompts (docs/EVALUATIONS.md#the-proof-in-the-test-suite)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.datasets_api.conftest import succeeded
+from tests.runs.conftest import wait_for_status
+from tests.support.live import in_process_service
+from tests.support.waiting import wait_until
+from tests.trainer.test_model_serve import served
+from trainer.tiny_model import init_tiny_model
+
+PROMPTS = 16
+SAMPLES = 8  # answers per prompt: a group for GRPO
+
+
+def echo_prompts(count: int) -> list[dict[str, Any]]:
+    digits = [f"{(7919 * (p + 11)) % 10000:04d}" for p in range(count)]
+    return [{"prompt": f"Echo: {d}", "answer": d} for d in digits]
+
+
+@pytest.mark.e2e
+def test_trajectories_collected_from_the_served_base_model_train_a_checkpoint_that_beats_it(
+    run_settings: Callable[..., Any],
+) -> None:
+    settings = run_settings()
+    model_dir = init_tiny_model(settings.tiny_model_dir, seed=0)  # the base model of the service's local runs
+    with served(str(model_dir)) as base_url, in_process_service(settings) as live, live.client() as client:
+        body = {
+            "name": "echo-collected",
+            "prompts": echo_prompts(PROMPTS),
+            "base_url": f"{base_url}/v1",
+            "model": str(model_dir),
+            "runs_per_prompt": SAMPLES,
+            "concurrency": 4,
+            "max_turns": 1,
+            "max_tokens": 8,
+            "tools": [],
+            "discard_without_reasoning": False,  # the tiny model never reasons
+        }
+        created = client.post("/collections", json=body)
+        assert created.status_code == 202, created.text
+
+        def collected() -> dict[str, Any] | None:
+            found = client.get(f"/collections/{created.json()['id']}").json()
+            return found if found["status"] in ("completed", "failed") else None
+
+        collection = wait_until(collected, timeout=180, message="collection ends")
+        assert collection["status"] == "completed", collection["error"]
+        assert collection["progress"]["kept"] == PROMPTS * SAMPLES
+
+        score = client.post(f"/datasets/{collection['dataset_id']}/score", json={"rewards": [{"name": "echo"}]})
+        scored = succeeded(client, score)
+        rewards = scored["report"]["rewards"]
+        assert rewards["count"] == PROMPTS * SAMPLES and rewards["std"] > 0  # the samples differ: there is signal
+
+        run = client.post(
+            "/runs",
+            json={
+                "backend": "local",
+                "dataset": {"id": scored["dataset_id"], "held_out": 0.25},
+                "config": {"group_size": SAMPLES, "batch_size": 16, "epochs": 3},
+            },
+        )
+        assert run.status_code == 201, run.text
+        run_id = run.json()["id"]
+        wait_for_status(client, run_id, {"completed"}, timeout=600)
+
+        response = client.post(
+            "/evaluations",
+            json={"run_id": run_id, "rewards": [{"name": "echo"}], "samples_per_prompt": 8, "max_tokens": 8},
+        )
+        assert response.status_code == 202, response.text
+
+        def evaluated() -> dict[str, Any] | None:
+            found = client.get(f"/evaluations/{response.json()['id']}").json()
+            return found if found["status"] in ("succeeded", "failed", "cancelled") else None
+
+        done = wait_until(evaluated, timeout=300, message="evaluation ends")
+    assert done["status"] == "succeeded", done["error"]
+    base, trained = done["models"]
+    assert base["samples"] == trained["samples"] == 4 * 8  # 4 held-out prompts x 8 samples
+    assert trained["mean_reward"] > base["mean_reward"], done["models"]
+    assert trained["interval"][0] > 0, done["models"]  # the 95 % interval of the difference is above zero
