@@ -9,7 +9,8 @@ from fastapi import Depends, Request
 from service.context import AppContext
 
 
-def get_context(request: Request) -> AppContext:
+async def get_context(request: Request) -> AppContext:
+    # async on purpose: FastAPI runs a plain `def` dependency in a worker thread, a hop per request for nothing.
     return request.app.state.context
 
 

@@ -36,6 +36,13 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
 
 
+def _config_total_steps(context: Any) -> int | None:
+    """A new run's total_steps column: its config's `tinker.total_steps` (the config never changes after)."""
+    config = context.get_current_parameters().get("config") or {}
+    steps = (config.get("tinker") or {}).get("total_steps") if isinstance(config, dict) else None
+    return steps if isinstance(steps, int) else None
+
+
 class Run(Base):
     __tablename__ = "runs"
 
@@ -59,6 +66,8 @@ class Run(Base):
     warnings: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # the control plane's, e.g. W&B offline
     stalled: Mapped[bool] = mapped_column(Boolean, default=False)
     last_step: Mapped[int | None] = mapped_column(Integer)
+    # A copy of config.tinker.total_steps, set at insert: GET /runs shows it without loading any config.
+    total_steps: Mapped[int | None] = mapped_column(Integer, default=_config_total_steps)
     weights: Mapped[str | None] = mapped_column(String(1024))
     ports: Mapped[dict[str, Any]] = mapped_column(default=dict)
     owner_id: Mapped[str | None] = mapped_column(String(64), index=True)

@@ -1,0 +1,100 @@
+"""CPU per request of the run reads, through the ASGI app in-process (no sockets, no load generator).
+
+    .venv/bin/python benchmarks/read_cpu.py [--requests 300]
+
+Seeds 10,000 runs in a temporary SQLite database, starts the app (its lifespan included), then sends each path
+`--requests` times, one after another, and prints the process CPU time per request (every thread counted: the
+handlers run in the thread pool) beside GET /healthz's, best of two rounds. On a shared machine this moves far
+less than req/s under load (benchmarks/runs.py), so it is the figure to compare before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.runs import _seed  # noqa: E402
+from service.db import migrate  # noqa: E402
+from service.db.engine import Database  # noqa: E402
+
+
+async def _call(app: Any, path: str) -> None:
+    route, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": route,
+        "raw_path": route.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"bench")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+        "state": {},
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    if sent[0]["status"] != 200:
+        raise RuntimeError(f"{path} answered {sent[0]['status']}")
+
+
+async def _measure(app: Any, requests: int) -> None:
+    async with app.router.lifespan_context(app):
+        from service.runs import service as runs
+
+        run_id = runs.list_runs(app.state.context, limit=1).runs[0].id
+        paths = ["/healthz", "/runs?limit=50", "/runs?limit=50&status=failed", f"/runs/{run_id}", "/runs?limit=20"]
+        for path in paths:  # warm caches (compiled statements, routes)
+            for _ in range(30):
+                await _call(app, path)
+        best: dict[str, float] = {}
+        for _round in range(2):
+            for path in paths:
+                started = time.process_time()
+                for _ in range(requests):
+                    await _call(app, path)
+                cost = (time.process_time() - started) / requests
+                best[path] = min(best.get(path, cost), cost)
+        for path in paths:
+            label = path.replace(run_id, "{id}")
+            ratio = best["/healthz"] / best[path]
+            print(f"{label:<32} {best[path] * 1000:6.3f} ms CPU/request   /healthz's / this: {ratio:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=300)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'rlctl.db'}"
+        migrate.upgrade(Database(url))
+        _seed(url, 10_000)
+        os.environ.update(RLCTL_DATABASE_URL=url, RLCTL_DATA_DIR=tmp, RLCTL_LOG_LEVEL="WARNING")
+        logging.disable(logging.INFO)  # the access log is not what is measured
+        from service.app import create_app
+
+        asyncio.run(_measure(create_app(), args.requests))
+
+
+if __name__ == "__main__":
+    main()
