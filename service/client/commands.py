@@ -23,10 +23,7 @@ import yaml
 
 from service.client import output
 from service.client.api import DEFAULT_URL, ApiClient, ClientError, RateLimitedError
-from service.jobs.runner import TERMINAL as JOB_TERMINAL
-from service.jobs.runner import JobStatus
-from service.runs.lifecycle import TERMINAL as RUN_TERMINAL
-from service.runs.lifecycle import RunStatus
+from service.states import JOB_TERMINAL, RUN_TERMINAL, JobStatus, RunStatus
 
 PROCESSES = ("api", "trainer", "env")
 UPLOAD_CHUNK = 1 << 20

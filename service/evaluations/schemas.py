@@ -7,10 +7,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.datasets.schemas import RewardSpec
-from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.names import NAME_PATTERN
 from service.runs.schemas import PromptSplit
+from service.states import JobStatus
 
 FIELD_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 

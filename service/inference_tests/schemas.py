@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.names import NAME_PATTERN
+from service.states import JobStatus
 
 DEFAULT_MODELS = ("qwen/qwen3-8b", "z-ai/glm-4.7-flash", "minimax/minimax-m2.7")
 DEFAULT_NUM_STEPS = 3

@@ -16,10 +16,10 @@ from service.inference_tests import preflight
 from service.inference_tests.jobs import KIND
 from service.inference_tests.schemas import CreateInferenceTestRequest, InferenceTestList, InferenceTestOut
 from service.jobs import service as jobs
-from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobOut
 from service.runs import config as run_config
 from service.settings import Backend
+from service.states import JobStatus
 
 # Fields an inference test sets itself (from the request's own parameters, or because a test needs them).
 TEST_FIELDS = {

@@ -10,11 +10,11 @@ from starlette.concurrency import run_in_threadpool
 from service.auth.guard import OPERATE, READ
 from service.deps import Ctx
 from service.jobs import service
-from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobList, JobOut
 from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.schemas import error_responses
+from service.states import JobStatus
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 403))
 JobId = Annotated[str, name_path("Job id, as returned by the operation that started it.")]

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,19 +22,12 @@ from sqlalchemy import select, update
 
 from service.db.models import Job
 from service.db.types import utcnow
+from service.states import JOB_TERMINAL, JobStatus
 
 logger = logging.getLogger("rlctl.jobs")
 
 
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+TERMINAL = JOB_TERMINAL
 UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
 PROGRESS_WRITE_INTERVAL_S = 0.5
 

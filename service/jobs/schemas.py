@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from service.jobs.runner import JobStatus
+from service.states import JobStatus
 
 
 class JobProgress(BaseModel):

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import Job, Run, RunProcess, StatusCheck
-from service.jobs.runner import JobStatus
-from service.runs.lifecycle import ACTIVE, ProcessStatus, RunStatus
+from service.runs.lifecycle import ACTIVE
+from service.states import JobStatus, ProcessStatus, RunStatus
 
 logger = logging.getLogger("rlctl.monitoring")
 PROCESS_ROLES = ("api", "trainer", "env")

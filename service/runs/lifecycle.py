@@ -8,7 +8,6 @@ no transition leaves them, whoever asks and whenever. A run waits `queued` while
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import update
@@ -17,32 +16,12 @@ from sqlalchemy.orm import Session
 from service.db.models import Run
 from service.db.rows import changed_rows
 from service.db.types import utcnow
-
-
-class RunStatus(StrEnum):
-    PENDING = "pending"
-    QUEUED = "queued"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-class ProcessStatus(StrEnum):
-    """A supervised process as recorded (pending, running, exited) or as seen live (unknown: liveness unreadable)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    EXITED = "exited"
-    UNKNOWN = "unknown"
-
+from service.states import RUN_TERMINAL, RunStatus
 
 PENDING, STARTING, RUNNING, STOPPING = RunStatus.PENDING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING
 QUEUED = RunStatus.QUEUED
 STOPPED, COMPLETED, FAILED = RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED
-TERMINAL = frozenset({STOPPED, COMPLETED, FAILED})
+TERMINAL = RUN_TERMINAL
 ACTIVE = frozenset({PENDING, QUEUED, STARTING, RUNNING, STOPPING})
 WAITING = frozenset({PENDING, QUEUED})  # accepted, nothing started: admission decides when
 ADMITTED = frozenset({STARTING, RUNNING, STOPPING})  # holding the executor's resources

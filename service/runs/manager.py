@@ -21,10 +21,10 @@ from service.db.types import utcnow
 from service.errors import Conflict
 from service.runs import admission, lifecycle, metrics
 from service.runs.launch import Ports, process_specs
-from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.runs.paths import RunPaths
 from service.runs.wandb import run_wandb_mode
 from service.settings import Settings
+from service.states import ProcessStatus, RunStatus
 from supervisor.executor import Executor, ProcessRecord
 from supervisor.local import LocalExecutor
 from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess

@@ -17,7 +17,6 @@ from service.deps import Ctx
 from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.runs import service
-from service.runs.lifecycle import RunStatus
 from service.runs.schemas import (
     CreateRunRequest,
     ProcessRole,
@@ -31,6 +30,7 @@ from service.runs.schemas import (
     RunStatusOut,
 )
 from service.schemas import error_responses, json_error_responses, link, linked, response
+from service.states import RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401, 403))
 # Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.

@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.datasets.schemas import RewardSpec
 from service.names import NAME_PATTERN
-from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.schemas import ErrorBody
 from service.settings import Backend
+from service.states import ProcessStatus, RunStatus
 
 ProcessRole = Literal["api", "trainer", "env"]
 PromptSplit = Literal["train", "held_out"]

@@ -35,7 +35,6 @@ from service.runs import admission, lifecycle, metrics, ratelimit
 from service.runs import config as run_config
 from service.runs import datasets as dataset_runs
 from service.runs.launch import Ports
-from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.runs.manager import RunManager, process_record
 from service.runs.paths import ROLES, RunPaths
 from service.runs.resources import resolve_resources
@@ -57,6 +56,7 @@ from service.runs.schemas import (
 )
 from service.runs.wandb import WandbMode, offline_requested, plan_wandb, probe_wandb
 from service.settings import Backend
+from service.states import ProcessStatus, RunStatus
 from supervisor.executor import Executor, Resources
 from supervisor.ports import free_ports
 from supervisor.process import Liveness

@@ -15,9 +15,9 @@ from service.evaluations import service as evaluations
 from service.evaluations.schemas import EvaluationOut, EvaluationRequest
 from service.runs import service as runs
 from service.runs.datasets import DATASET_ENVIRONMENTS
-from service.runs.lifecycle import RunStatus
 from service.runs.ratelimit import describe_interval, status_rule
 from service.runs.schemas import CreateRunRequest
+from service.states import RunStatus
 from service.tools.registry import STATUS_RULE, Hints, NoArguments, Tool
 from service.tools.schemas import (
     CurrentConfigResult,

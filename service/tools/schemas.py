@@ -32,12 +32,11 @@ from service.inference_tests.schemas import (
     ModelResult,
     NumSteps,
 )
-from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.pagination import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
-from service.runs.lifecycle import RunStatus
 from service.runs.schemas import DatasetSource, Failure, HeadlineMetrics, LiveProcess, RunResources
 from service.settings import Backend
+from service.states import JobStatus, RunStatus
 from service.tools.registry import ToolArguments
 
 RUN_ID = "The run id returned by rl_start_training or rl_list_runs."
