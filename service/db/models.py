@@ -65,6 +65,8 @@ class Run(Base):
     created_by: Mapped[str | None] = mapped_column(String(128))  # the name of the token that created it
     environment_hash: Mapped[str | None] = mapped_column(String(64))  # SHA-256 of the environment's source
     heartbeat_at: Mapped[datetime | None]
+    # SHA-256 of the secret a run on Ray authenticates its node's calls with (docs/RAY.md#authentication).
+    node_secret_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]
