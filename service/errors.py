@@ -119,6 +119,12 @@ class BackendUnavailable(ServiceError):
     code = "BACKEND_UNAVAILABLE"
 
 
+class ResourcesExceedCapacity(ValidationFailed):
+    """A run asks for more than its executor ever has (e.g. a GPU on a host without one): it could never start."""
+
+    code = "RESOURCES_EXCEED_CAPACITY"
+
+
 class InsufficientScope(ServiceError):
     """The token is valid but lacks the scope the route or tool needs (docs/AUTH.md#scopes)."""
 

@@ -92,6 +92,14 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(10, gt=0, description="How often this replica marks its runs alive.")
     replica_stale_after_s: float = Field(120, gt=0, description="A replica silent this long has died.")
     replica_id: str | None = Field(None, description="This replica's id; default: host name + data dir.")
+    # --- where runs run, and how many at once (docs/RUNS.md#executors, docs/RUNS.md#admission) ---
+    executor: Literal["local", "ray"] = Field(
+        "local", description="local: the runs' processes are children of this host; ray: each run is a Ray job."
+    )
+    ray_address: str | None = Field(None, description="The Ray cluster's address, for RLCTL_EXECUTOR=ray.")
+    max_concurrent_runs: int | None = Field(
+        None, ge=1, description="local: runs started at once at most; more wait `queued`. Unset: no limit."
+    )
     # --- runs on Ray (RLCTL_EXECUTOR=ray, docs/RAY.md) ---
     ray_control_url: str | None = Field(
         None, description="This control plane's URL as the Ray nodes reach it (the node-side supervisors report there)."
@@ -173,6 +181,12 @@ class Settings(BaseSettings):
     # Sizes of a local run whose environment sets none in config_init() (Atropos class defaults otherwise).
     local_batch_size: int = LOCAL_DEFAULTS["batch_size"]
     local_group_size: int = LOCAL_DEFAULTS["group_size"]
+
+    @field_validator("max_concurrent_runs", "ray_address", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """`RLCTL_MAX_CONCURRENT_RUNS=` means "no limit"."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_token", "tinker_api_key", "wandb_api_key", "openrouter_api_key", mode="before")
     @classmethod

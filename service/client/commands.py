@@ -73,6 +73,10 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     start.add_argument("--backend", choices=("local", "tinker"), help="default: the server's")
     start.add_argument("--set", dest="edits", action="append", default=[], metavar="FIELD=VALUE", help="config edit")
     start.add_argument("--config", type=Path, metavar="FILE", help="YAML or JSON mapping of config edits")
+    start.add_argument("--cpus", type=float, help="CPU cores the run asks for (default: its backend's)")
+    start.add_argument("--gpus", type=int, help="GPUs the run asks for (default: its backend's)")
+    start.add_argument("--memory-gb", type=float, help="memory in GB the run asks for (default: its backend's)")
+    start.add_argument("--priority", type=int, help="queue order when it must wait: higher starts first")
     start.add_argument("--idempotency-key", help="a retry with the same key returns the same run")
     _follow_options(start, "until the run ends, with live progress")
     lister = command(runs, "list", runs_list, "list runs, newest first")
@@ -227,6 +231,8 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
         "dataset": _dataset_source(args),
         "config": edits,
         "backend": args.backend,
+        "resources": _resources(args),
+        "priority": args.priority,
         "idempotency_key": args.idempotency_key,
     }
     run = client.post("/runs", {k: v for k, v in body.items() if v is not None})
@@ -235,6 +241,12 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
         return 0
     print(f"run {run['id']} started", file=sys.stderr)
     return _finish_following(args, _follow_run(client, run["id"], args.interval))
+
+
+def _resources(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The request's `resources` (the same model as POST /runs: the service validates them); None: defaults."""
+    given = {"cpus": args.cpus, "gpus": args.gpus, "memory_gb": args.memory_gb}
+    return {k: v for k, v in given.items() if v is not None} or None
 
 
 def _dataset_source(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -257,7 +269,7 @@ def runs_list(client: ApiClient, args: argparse.Namespace) -> int:
     body = client.get("/runs", status=args.status, environment=args.environment, limit=args.limit, cursor=args.cursor)
 
     def human(page: dict[str, Any]) -> str:
-        rows = [{**r, "step": _step_text(r)} for r in page["runs"]]
+        rows = [{**r, "step": _step_text(r), "status": _status_word(r)} for r in page["runs"]]
         text = output.table(rows, ["id", "environment", "backend", "status", "step", "stalled", "created_at"])
         return text + (f"\nmore: --cursor {page['next_cursor']}" if page.get("next_cursor") else "")
 
@@ -346,7 +358,7 @@ def _run_text(run: dict[str, Any]) -> str:
         ("run", run["id"]),
         ("environment", run["environment"]),
         ("backend", run["backend"]),
-        ("status", run["status"] + (" (stalled)" if run.get("stalled") else "")),
+        ("status", _status_word(run) + (" (stalled)" if run.get("stalled") else "")),
         ("step", _step_text(run)),
         ("created", run["created_at"]),
         ("started", run.get("started_at")),
@@ -359,6 +371,12 @@ def _run_text(run: dict[str, Any]) -> str:
     if processes:
         text += "\n\n" + output.table(processes, ["role", "pid", "status", "exit_code", "signal", "log_path"])
     return text + _failure_text(run.get("failure"))
+
+
+def _status_word(run: dict[str, Any]) -> str:
+    """A run's state, with its place in the queue while it waits there."""
+    position = run.get("queue_position")
+    return f"{run['status']} #{position}" if position else str(run["status"])
 
 
 def _status_text(status: dict[str, Any]) -> str:

@@ -65,6 +65,12 @@ class Run(Base):
     created_by: Mapped[str | None] = mapped_column(String(128))  # the name of the token that created it
     environment_hash: Mapped[str | None] = mapped_column(String(64))  # SHA-256 of the environment's source
     heartbeat_at: Mapped[datetime | None]
+    # Where the run's processes live (docs/RUNS.md#executors): the executor's name and its handle of the run
+    # (a Ray submission id; null for the local executor, whose processes are the run_processes rows).
+    executor: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
+    executor_handle: Mapped[str | None] = mapped_column(String(128))
+    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {cpus, gpus, memory_gb}
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # higher is admitted first
     # SHA-256 of the secret a run on Ray authenticates its node's calls with (docs/RAY.md#authentication).
     node_secret_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -106,6 +112,16 @@ class RunProcess(Base):
     run: Mapped[Run] = relationship(back_populates="processes")
 
     __table_args__ = (UniqueConstraint("run_id", "role", name="uq_run_processes_run_id_role"),)
+
+
+class RunAdmission(Base):
+    """One row (id 1): every admission decision first updates it, so decisions run one at a time on SQLite (the
+    write lock) and PostgreSQL (the row lock) alike, and each sees the one before it (docs/RUNS.md#admission)."""
+
+    __tablename__ = "run_admission"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    generation: Mapped[int] = mapped_column(Integer)
 
 
 class RunMetric(Base):

@@ -1,7 +1,8 @@
 """Run states and their transitions, each a compare-and-set in the database.
 
-pending → starting → running → stopping → stopped | completed | failed. Terminal states are sticky: no
-transition leaves them, whoever asks and whenever.
+pending → [queued →] starting → running → stopping → stopped | completed | failed. Terminal states are sticky:
+no transition leaves them, whoever asks and whenever. A run waits `queued` while admission cannot start it
+(service/runs/admission.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from service.db.types import utcnow
 
 class RunStatus(StrEnum):
     PENDING = "pending"
+    QUEUED = "queued"
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
@@ -38,17 +40,21 @@ class ProcessStatus(StrEnum):
 
 
 PENDING, STARTING, RUNNING, STOPPING = RunStatus.PENDING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING
+QUEUED = RunStatus.QUEUED
 STOPPED, COMPLETED, FAILED = RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED
 TERMINAL = frozenset({STOPPED, COMPLETED, FAILED})
-ACTIVE = frozenset({PENDING, STARTING, RUNNING, STOPPING})
+ACTIVE = frozenset({PENDING, QUEUED, STARTING, RUNNING, STOPPING})
+WAITING = frozenset({PENDING, QUEUED})  # accepted, nothing started: admission decides when
+ADMITTED = frozenset({STARTING, RUNNING, STOPPING})  # holding the executor's resources
 
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    STARTING: frozenset({PENDING}),
+    QUEUED: frozenset({PENDING}),
+    STARTING: frozenset({PENDING, QUEUED}),
     RUNNING: frozenset({STARTING}),
     STOPPING: frozenset({PENDING, STARTING, RUNNING}),
-    STOPPED: frozenset({PENDING, STARTING, RUNNING, STOPPING}),
+    STOPPED: frozenset({PENDING, QUEUED, STARTING, RUNNING, STOPPING}),
     COMPLETED: frozenset({STARTING, RUNNING, STOPPING}),
-    FAILED: frozenset({PENDING, STARTING, RUNNING, STOPPING}),
+    FAILED: frozenset({PENDING, QUEUED, STARTING, RUNNING, STOPPING}),
 }
 
 

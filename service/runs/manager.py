@@ -1,7 +1,8 @@
-"""The runs this replica supervises: start, stop, re-adopt after a restart, heartbeat, metrics ingestion.
+"""The runs this replica supervises: admit, start, stop, re-adopt after a restart, heartbeat, metrics ingestion.
 
-The supervisor (supervisor/) runs the processes; this module turns its events into database records. Every
-state change is a compare-and-set (service/runs/lifecycle.py), so two actors never both win.
+The executor (supervisor/executor.py, chosen by RLCTL_EXECUTOR) runs the processes; this module turns its events
+into database records and decides admission (service/runs/admission.py). Every state change is a compare-and-set
+(service/runs/lifecycle.py), so two actors never both win.
 """
 
 from __future__ import annotations
@@ -18,24 +19,52 @@ from service.context import AppContext
 from service.db.models import Run, RunProcess
 from service.db.types import utcnow
 from service.errors import Conflict
-from service.runs import lifecycle, metrics
+from service.runs import admission, lifecycle, metrics
 from service.runs.launch import Ports, process_specs
 from service.runs.lifecycle import ProcessStatus, RunStatus
 from service.runs.paths import RunPaths
 from service.runs.wandb import run_wandb_mode
-from supervisor.process import ExitStatus, Liveness, ProcessIdentity, ProcessSpec, SupervisedProcess, identity_liveness
-from supervisor.run import START_ORDER, TRAINER, Failure, Outcome, RunPlan, RunSupervisor
+from supervisor.executor import Executor, ProcessRecord
+from supervisor.local import LocalExecutor
+from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
+from supervisor.run import TRAINER, Failure, Outcome, RunPlan
 from trainer.tiny_model import init_tiny_model
 
 logger = logging.getLogger("rlctl.runs")
 
 
+class ExecutorUnavailable(RuntimeError):
+    """RLCTL_EXECUTOR names an executor this service cannot use: the service does not start."""
+
+
+def build_executor(ctx: AppContext) -> Executor:
+    """The executor RLCTL_EXECUTOR names (docs/RUNS.md#executors, docs/RAY.md)."""
+    settings = ctx.settings
+    if settings.executor == "local":
+        return LocalExecutor(max_runs=settings.max_concurrent_runs)
+    if not settings.ray_address or not settings.ray_control_url:
+        raise ExecutorUnavailable(
+            "RLCTL_EXECUTOR=ray needs RLCTL_RAY_ADDRESS (the Ray dashboard's address) and RLCTL_RAY_CONTROL_URL "
+            "(this control plane's URL as the Ray nodes reach it): docs/RAY.md"
+        )
+    from service.runs.node import issue_bootstrap_secret
+    from supervisor.ray_executor import RayExecutor
+
+    data_path = settings.data_path
+    return RayExecutor(
+        address=settings.ray_address,
+        control_url=settings.ray_control_url,
+        issue_secret=lambda run_id: issue_bootstrap_secret(ctx, run_id),
+        log_path=lambda run_id, role: RunPaths(data_path, run_id).log(role),
+        node_python=settings.ray_node_python,
+    )
+
+
 class RunManager:
-    def __init__(self, ctx: AppContext) -> None:
+    def __init__(self, ctx: AppContext, executor: Executor | None = None) -> None:
         self.ctx = ctx
         self.replica_id = ctx.replica_id
-        self._supervisors: dict[str, RunSupervisor] = {}
-        self._lock = threading.Lock()
+        self.executor = executor or build_executor(ctx)
         self._closing = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._environment_file_for: Callable[[str], Path] = lambda name: ctx.catalog.get(name).file_path
@@ -50,120 +79,122 @@ class RunManager:
     def close(self) -> None:
         """Stop watching; the runs' processes keep running and the next service start re-adopts them."""
         self._closing.set()
-        with self._lock:
-            supervisors = list(self._supervisors.values())
-        for supervisor in supervisors:
-            supervisor.detach()
-        for supervisor in supervisors:
-            supervisor.join(timeout=30)
+        self.executor.detach_all(timeout_s=30)
         if self._heartbeat:
             self._heartbeat.join(timeout=30)
 
     # --- runs ---
 
+    def admit(self) -> list[str]:
+        """Start the waiting runs that fit now (pending or queued → starting), queue the others; the ids started.
+
+        Called when a run is accepted, when one ends or a queued one is stopped (a slot frees), at start-up and at
+        every heartbeat (free memory changes by itself)."""
+        started: list[str] = []
+        if not self._anything_waits():
+            return started  # the usual case: no decision, no lock taken
+        while not self._closing.is_set():
+            with self.ctx.db.session() as session:
+                admitted = admission.admit(session, self.executor, self.replica_id)
+            if not admitted:
+                break
+            # A run that fails before any process starts frees its slot at once: decide again.
+            launched = [run_id for run_id in admitted if self._start(run_id)]
+            started += launched
+            if len(launched) == len(admitted):
+                break
+        return started
+
+    def _anything_waits(self) -> bool:
+        """Has this replica a run waiting? A run that starts waiting later is admitted by its own creator's call."""
+        with self.ctx.db.read() as session:
+            waiting = select(Run.id).where(Run.owner_id == self.replica_id, Run.status.in_(lifecycle.WAITING))
+            return session.scalar(waiting.limit(1)) is not None
+
     def launch(self, run_id: str) -> None:
-        """Start a pending run's processes in the background (pending → starting → running)."""
-        with self.ctx.db.session() as session:
+        """A new run was recorded `pending`: admission starts it now or queues it."""
+        self.admit()
+
+    def _start(self, run_id: str) -> bool:
+        """Start an admitted (`starting`) run's processes in the background; False when it failed at once."""
+        with self.ctx.db.read() as session:
             run = session.get(Run, run_id)
-            if run is None or run.status != lifecycle.PENDING:
-                return
-            if not lifecycle.transition(session, run_id, lifecycle.STARTING, owner_id=self.replica_id):
-                return
+            if run is not None and run.status == lifecycle.STOPPING:
+                # Stopped between its admission and its start: nothing was started, so it is stopped now.
+                with self.ctx.db.session() as writing:
+                    lifecycle.transition(writing, run_id, lifecycle.STOPPED)
+                return False  # its slot is free again
+            if run is None or run.status != lifecycle.STARTING:
+                return True
             environment, backend, ports = run.environment, run.backend, Ports(**run.ports)
             wandb_mode = run_wandb_mode(self.ctx.settings, run.wandb)
+            resources = admission.run_resources(run)
         paths = RunPaths(self.ctx.settings.data_path, run_id)
         try:
             environment_file = self._environment_file_for(environment)
             specs = process_specs(self.ctx.settings, paths, ports, environment_file, backend, wandb_mode)
         except Exception as exc:  # noqa: BLE001 - a run that cannot be planned fails with the reason
             self._fail_before_start(run_id, f"{type(exc).__name__}: {exc}")
-            return
+            return False
         events = _PersistingEvents(self, run_id, paths)
         plan = self._plan(run_id, paths, specs, events)
         plan.prepare = self._preparation(backend)
-        supervisor = RunSupervisor(plan, events)
-        with self._lock:
-            self._supervisors[run_id] = supervisor
-        supervisor.start()
+        handle = self.executor.start(plan, events, resources)
+        if handle is not None:
+            with self.ctx.db.session() as session:
+                session.execute(update(Run).where(Run.id == run_id).values(executor_handle=handle))
+        return True
 
     def request_stop(self, run_id: str) -> str:
-        """Ask a run to stop; returns the state it moved to. The owner's supervisor does the stopping."""
+        """Ask a run to stop; returns the state it moved to. The owner's executor does the stopping."""
         with self.ctx.db.session() as session:
             run = session.get(Run, run_id)
             if run is None:
                 raise Conflict("run vanished")
-            if run.status == lifecycle.PENDING and lifecycle.transition(session, run_id, lifecycle.STOPPED):
-                return lifecycle.STOPPED
-            moved = lifecycle.transition(session, run_id, lifecycle.STOPPING)
-            status = lifecycle.STOPPING if moved else session.get_one(Run, run_id).status
-        with self._lock:
-            supervisor = self._supervisors.get(run_id)
-        if supervisor is not None:
-            supervisor.stop()
+            waiting = run.status in lifecycle.WAITING
+            if waiting and lifecycle.transition(session, run_id, lifecycle.STOPPED):
+                stopped = True
+            else:
+                stopped = False
+                moved = lifecycle.transition(session, run_id, lifecycle.STOPPING)
+                status = lifecycle.STOPPING if moved else session.get_one(Run, run_id).status
+        if stopped:
+            # Nothing was started. The runs behind it move up; one it blocked may fit now.
+            self.admit()
+            return lifecycle.STOPPED
+        self.executor.stop(run_id)
         return status
-
-    def supervisor(self, run_id: str) -> RunSupervisor | None:
-        with self._lock:
-            return self._supervisors.get(run_id)
 
     # --- restart safety ---
 
     def recover(self) -> None:
-        """Re-adopt this replica's live runs, finish dead ones, start accepted-but-unstarted ones."""
+        """Re-adopt this replica's started runs (or finish them with a reason), then admit the waiting ones: the
+        queue lives in the database, so queued runs stay queued across a restart and start as slots free."""
         with self.ctx.db.session() as session:
-            runs = session.scalars(select(Run).where(Run.status.in_(lifecycle.ACTIVE))).all()
-            owned = [(r.id, r.status, r.owner_id) for r in runs]
-        for run_id, status, owner in owned:
+            runs = session.scalars(select(Run).where(Run.status.in_(lifecycle.ADMITTED))).all()
+            owned = [(r.id, r.status, r.owner_id, r.executor_handle) for r in runs]
+        for run_id, status, owner, handle in owned:
             if owner not in (None, self.replica_id):
                 continue  # another replica's: the stale-owner sweep handles it
             try:
-                if status == lifecycle.PENDING:
-                    self.launch(run_id)
-                else:
-                    self._recover_started(run_id, status)
+                self._recover_started(run_id, status, handle)
             except Exception:  # noqa: BLE001 - one bad record must not stop the others' recovery
                 logger.exception("run %s: recovery failed; left unchanged", run_id)
         self._finish_runs_of_dead_replicas()
+        self.admit()
 
-    def _recover_started(self, run_id: str, status: str) -> None:
+    def _recover_started(self, run_id: str, status: str, handle: str | None) -> None:
         paths = RunPaths(self.ctx.settings.data_path, run_id)
         with self.ctx.db.session() as session:
             rows = session.scalars(select(RunProcess).where(RunProcess.run_id == run_id)).all()
-            records = [(r.role, r.pid, r.pgid, r.start_time, r.log_path, r.status, r.exit_code, r.signal) for r in rows]
-        processes: dict[str, SupervisedProcess] = {}
-        for role, pid, pgid, start_time, log_path, row_status, exit_code, exit_signal in records:
-            if pid is None or start_time is None:
-                continue
-            identity = ProcessIdentity(pid, pgid or pid, start_time)
-            exited = ExitStatus(exit_code, exit_signal) if row_status == ProcessStatus.EXITED else None
-            if exited is None and identity_liveness(identity) is Liveness.UNKNOWN:
-                logger.warning("run %s: cannot tell whether %s (pid %s) lives; changing nothing", run_id, role, pid)
-                return
-            processes[role] = SupervisedProcess.adopt(role, identity, Path(log_path or paths.log(role)), exited)
-        if status == lifecycle.STARTING:
-            self._fail_interrupted_startup(run_id, processes)
+            records = [process_record(r, paths.log(r.role)) for r in rows]
+        events = _PersistingEvents(self, run_id, paths)
+        plan = self._plan(run_id, paths, [], events)
+        if not self.executor.adopt(plan, events, handle, records, starting=status == lifecycle.STARTING):
+            logger.warning("run %s: its state cannot be told now; changing nothing", run_id)
             return
-        events = _PersistingEvents(self, run_id, paths)
-        supervisor = RunSupervisor(self._plan(run_id, paths, [], events), events)
-        with self._lock:
-            self._supervisors[run_id] = supervisor
-        logger.info("run %s: re-adopting %s", run_id, sorted(processes))
-        supervisor.adopt(processes)
         if status == lifecycle.STOPPING:
-            supervisor.stop()
-
-    def _fail_interrupted_startup(self, run_id: str, processes: dict[str, SupervisedProcess]) -> None:
-        """The start-up sequence died with the old service: its half-started processes go, the run fails."""
-        paths = RunPaths(self.ctx.settings.data_path, run_id)
-        events = _PersistingEvents(self, run_id, paths)
-        for role in reversed(START_ORDER):
-            if role in processes:
-                events.process_exited(processes[role], processes[role].terminate(self.ctx.settings.stop_grace_s))
-        failure = Failure(
-            "startup_error", "the service restarted while this run was starting; its processes were stopped"
-        ).to_dict()
-        with self.ctx.db.session() as session:
-            lifecycle.transition(session, run_id, lifecycle.FAILED, failure=failure)
+            self.executor.stop(run_id)
 
     def _finish_runs_of_dead_replicas(self) -> None:
         """Runs whose owner stopped heartbeating end with a reason; their processes are not ours to signal."""
@@ -171,7 +202,7 @@ class RunManager:
         with self.ctx.db.session() as session:
             stale = session.scalars(
                 select(Run).where(
-                    Run.status.in_(lifecycle.ACTIVE - {lifecycle.PENDING}),
+                    Run.status.in_(lifecycle.ADMITTED),
                     Run.owner_id.is_not(None),
                     Run.owner_id != self.replica_id,
                     Run.heartbeat_at < stale_before,
@@ -192,6 +223,7 @@ class RunManager:
                         .values(heartbeat_at=utcnow())
                     )
                 self._finish_runs_of_dead_replicas()
+                self.admit()  # a run waiting for memory may fit now
             except Exception:  # noqa: BLE001 - a database hiccup must not end the heartbeat
                 logger.exception("heartbeat failed")
 
@@ -228,9 +260,18 @@ class RunManager:
         with self.ctx.db.session() as session:
             lifecycle.transition(session, run_id, lifecycle.FAILED, failure=failure)
 
-    def forget(self, run_id: str) -> None:
-        with self._lock:
-            self._supervisors.pop(run_id, None)
+
+def process_record(process: RunProcess, log_path: Path) -> ProcessRecord:
+    """A recorded process as the executor reads it (supervisor/executor.py); `log_path` when none is recorded."""
+    exited = ExitStatus(process.exit_code, process.signal) if process.status == ProcessStatus.EXITED else None
+    return ProcessRecord(
+        role=process.role,
+        pid=process.pid,
+        pgid=process.pgid,
+        start_time=process.start_time,
+        log_path=Path(process.log_path) if process.log_path else log_path,
+        exited=exited,
+    )
 
 
 def _finished_steps(paths: RunPaths, role: str) -> bool | None:
@@ -310,7 +351,7 @@ class _PersistingEvents:
         failure = outcome.failure.to_dict() if outcome.failure else None
         with self.db.session() as session:
             lifecycle.transition(session, self.run_id, RunStatus(outcome.status), failure=failure, stalled=False)
-        self.manager.forget(self.run_id)
+        self.manager.admit()  # its slot is free
 
     def _sync(self) -> None:
         state = self.paths.read_trainer_state() or {}
@@ -326,6 +367,4 @@ class _PersistingEvents:
             run.weights = state.get("weights") or run.weights
             stop_requested = run.status == lifecycle.STOPPING
         if stop_requested:
-            supervisor = self.manager.supervisor(self.run_id)
-            if supervisor is not None:
-                supervisor.stop()
+            self.manager.executor.stop(self.run_id)

@@ -67,7 +67,8 @@ MAX_STEP = (1 << 63) - 1  # a step the databases can compare with (a larger one 
 async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> RunOut:
     """Validate the config, record the run, then start its three processes (API, trainer, environment).
 
-    The response comes at once with status `pending` or `starting`; poll `GET /runs/{id}`. With an
+    The response comes at once with status `pending`, `starting`, or `queued` with its `queue_position` when the
+    executor is full (`resources` and `priority` decide when it starts); poll `GET /runs/{id}`. With an
     `idempotency_key`, a retried request gets the run the first one created (header `Idempotent-Replayed: true`)
     instead of a new one.
     """
@@ -86,7 +87,7 @@ async def list_runs(
     cursor: PageCursor = None,
     dataset_id: Annotated[str | None, Query(max_length=128, description="Only runs trained on this dataset.")] = None,
 ) -> RunList:
-    """Newest first, `limit` at a time."""
+    """Newest first, `limit` at a time; with `status=queued`, the queue in the order it starts."""
     return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor, dataset_id)
 
 
@@ -129,7 +130,8 @@ async def stop_run(
     wait_s: Annotated[float, Query(ge=0, le=600, description="Wait up to this long for the run to end.")] = 0,
 ) -> RunOut:
     """Environment, then trainer, then API: SIGTERM to each process group, SIGKILL after the grace period.
-    A run still starting stops starting. A run that has already ended is a 409 INVALID_STATE."""
+    A run still starting stops starting; a queued run ends `stopped` without starting. A run that has already ended
+    is a 409 INVALID_STATE."""
     return await run_in_threadpool(service.stop_run, ctx, ctx.runs, run_id, wait_s)
 
 

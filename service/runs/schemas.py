@@ -55,6 +55,25 @@ class DatasetSource(BaseModel):
     )
 
 
+class RunResources(BaseModel):
+    """What a run asks for (docs/RUNS.md#resources); each value left out takes its backend's default. The one
+    model of POST /runs, rl_start_training and `rlctl runs start`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float | None = Field(None, gt=0, le=1024, description="CPU cores; default 1.")
+    gpus: int | None = Field(
+        None, ge=0, le=64, description="Whole GPUs; default 1 for a local-backend run where there is a GPU, else 0."
+    )
+    memory_gb: float | None = Field(None, gt=0, le=65536, description="Memory in GB; default 1.")
+
+
+class ResourcesOut(BaseModel):
+    cpus: float
+    gpus: int
+    memory_gb: float
+
+
 class CreateRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -66,6 +85,10 @@ class CreateRunRequest(BaseModel):
     )
     config: dict[str, Any] = Field(default_factory=dict, description="Edits of configurable fields.")
     backend: Backend | None = Field(None, description="Training backend; the server's default when absent.")
+    resources: RunResources | None = Field(None, description="CPUs, GPUs and memory; the backend's defaults.")
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="Queue order: a higher priority starts first; first come first within one."
+    )
     idempotency_key: str | None = Field(
         None,
         min_length=1,
@@ -108,6 +131,10 @@ class RunSummary(BaseModel):
     dataset_mode: DatasetMode | None = None
     backend: str
     status: RunStatus
+    priority: int = 0
+    queue_position: int | None = Field(
+        None, description="While `queued`: its place in the queue (1 starts next); null otherwise."
+    )
     last_step: int | None
     total_steps: int | None
     stalled: bool
@@ -158,6 +185,9 @@ class RunOut(RunSummary):
         None, description="A dataset run's split: counts of groups or prompts, what was left out and why."
     )
     ports: dict[str, int]
+    resources: ResourcesOut | None = Field(None, description="What the run asked for (null: recorded before).")
+    executor: str = Field("local", description="Where its processes run: local or ray (docs/RUNS.md#executors).")
+    executor_handle: str | None = Field(None, description="The executor's id of the run (a Ray submission id).")
     updated_at: datetime
     logs: dict[str, str]
     processes: list[ProcessOut]

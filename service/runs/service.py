@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -19,16 +21,24 @@ from service.db.models import Run, RunProcess
 from service.db.rows import load_row
 from service.db.types import utcnow
 from service.environments import service as environments
-from service.errors import BackendUnavailable, InvalidState, RateLimited, RunNotFound, ValidationFailed
+from service.errors import (
+    BackendUnavailable,
+    InvalidState,
+    RateLimited,
+    ResourcesExceedCapacity,
+    RunNotFound,
+    ValidationFailed,
+)
 from service.observability import actor_var
-from service.pagination import DEFAULT_PAGE, newest_first_page
+from service.pagination import DEFAULT_PAGE, decode_cursor, encode_cursor, newest_first_page
+from service.runs import admission, lifecycle, metrics, ratelimit
 from service.runs import config as run_config
 from service.runs import datasets as dataset_runs
-from service.runs import lifecycle, metrics, ratelimit
 from service.runs.launch import Ports
 from service.runs.lifecycle import ProcessStatus, RunStatus
-from service.runs.manager import RunManager
+from service.runs.manager import RunManager, process_record
 from service.runs.paths import ROLES, RunPaths
+from service.runs.resources import resolve_resources
 from service.runs.schemas import (
     CreateRunRequest,
     HeadlineMetrics,
@@ -47,9 +57,9 @@ from service.runs.schemas import (
 )
 from service.runs.wandb import WandbMode, offline_requested, plan_wandb, probe_wandb
 from service.settings import Backend
+from supervisor.executor import Executor, Resources
 from supervisor.ports import free_ports
-from supervisor.process import Liveness, ProcessIdentity, identity_liveness
-from supervisor.run import read_tail
+from supervisor.process import Liveness
 
 LIVE_STATUS = {
     Liveness.ALIVE: ProcessStatus.RUNNING,
@@ -66,6 +76,7 @@ SUMMARY_COLUMNS = (
     Run.dataset_mode,
     Run.backend,
     Run.status,
+    Run.priority,
     Run.last_step,
     Run.stalled,
     Run.wandb_run_name,
@@ -100,6 +111,7 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     edits = {**request.config, "backend": chosen.value}
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
     run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, chosen))
+    resources = requested_resources(manager.executor, request, chosen)
 
     run_id = new_run_id()
     paths = RunPaths(ctx.settings.data_path, run_id)
@@ -145,6 +157,9 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         warnings=[wandb_warning] if wandb_warning else [],
         ports=Ports(api_port, inference_port).to_dict(),
         owner_id=manager.replica_id,
+        executor=manager.executor.name,
+        resources=resources.to_dict(),
+        priority=request.priority,
         created_by=actor_var.get(),
         environment_hash=environments.source_hash(env),
         heartbeat_at=utcnow(),
@@ -162,6 +177,24 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     paths.config.write_text(run_config.render_yaml(merged))
     manager.launch(run_id)
     return get_run(ctx, run_id), True
+
+
+def requested_resources(executor: Executor, request: CreateRunRequest, backend: Backend) -> Resources:
+    """The request's resources with the backend's defaults; more than the executor ever has is refused."""
+    asked = request.resources
+    resources = resolve_resources(
+        backend,
+        executor.has_gpus(),
+        asked.cpus if asked else None,
+        asked.gpus if asked else None,
+        asked.memory_gb if asked else None,
+    )
+    refusal = executor.refusal(resources)
+    if refusal is not None:
+        raise ResourcesExceedCapacity(
+            f"the run could never start: {refusal}", {"field": "resources", "resources": resources.to_dict()}
+        )
+    return resources
 
 
 def _environment_name(request: CreateRunRequest) -> str:
@@ -194,6 +227,10 @@ def _request_hash(request: CreateRunRequest) -> str:
     fields: dict[str, Any] = {"environment": request.environment, "config": request.config, "backend": backend}
     if request.dataset is not None:  # only then: the hashes of environment runs stay what they were
         fields["dataset"] = request.dataset.model_dump(mode="json")
+    if request.resources is not None:  # likewise
+        fields["resources"] = request.resources.model_dump(mode="json")
+    if request.priority:
+        fields["priority"] = request.priority
     canonical = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -208,7 +245,7 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
                 "idempotency_key was already used for a different request",
                 {"field": "idempotency_key", "run_id": run.id},
             )
-        return run_record(ctx, run)
+        return run_record(ctx, run, _queue_position(session, run))
 
 
 # --- read ---
@@ -216,7 +253,13 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
 
 def get_run(ctx: AppContext, run_id: str) -> RunOut:
     with ctx.db.read() as session:  # the run and its processes in one statement
-        return run_record(ctx, load_row(session, Run, run_id, RunNotFound, joinedload(Run.processes)))
+        run = load_row(session, Run, run_id, RunNotFound, joinedload(Run.processes))
+        return run_record(ctx, run, _queue_position(session, run))
+
+
+def _queue_position(session: Session, run: Run) -> int | None:
+    """A queued run's place; no second query for a run in any other state."""
+    return admission.queue_positions(session, [run.id]).get(run.id) if run.status == lifecycle.QUEUED else None
 
 
 def list_runs(
@@ -235,10 +278,42 @@ def list_runs(
     if dataset_id:
         query = query.where(Run.dataset_id == dataset_id)
     with ctx.db.read() as session:
-        rows, next_cursor = newest_first_page(session, query, Run, limit, cursor, _same_row)
-        total_steps = _total_steps(session, [row.id for row in rows])
-    records = [RunSummary.model_validate({**row._mapping, "total_steps": total_steps.get(row.id)}) for row in rows]
+        if status == lifecycle.QUEUED:
+            rows, next_cursor = _queue_page(session, query, limit, cursor)
+        else:
+            rows, next_cursor = newest_first_page(session, query, Run, limit, cursor, _same_row)
+        ids = [row.id for row in rows]
+        total_steps = _total_steps(session, ids)
+        positions = admission.queue_positions(session, [row.id for row in rows if row.status == lifecycle.QUEUED])
+        # (no query at all when the page has no queued run)
+    records = [
+        RunSummary.model_validate(
+            {**row._mapping, "total_steps": total_steps.get(row.id), "queue_position": positions.get(row.id)}
+        )
+        for row in rows
+    ]
     return RunList(runs=records, count=len(records), next_cursor=next_cursor)
+
+
+def _queue_page(session: Session, query: Any, limit: int, cursor: str | None) -> tuple[list[Row[Any]], str | None]:
+    """`GET /runs?status=queued`: the queue in the order it is admitted (priority, then first come), a page at a
+    time; the cursor names the last run of the page before (its priority is read back from its row)."""
+    if cursor:
+        created_at, last_id = decode_cursor(cursor)
+        priority = session.scalar(select(Run.priority).where(Run.id == last_id)) or 0
+        query = query.where(
+            or_(
+                Run.priority < priority,
+                and_(
+                    Run.priority == priority,
+                    or_(Run.created_at > created_at, and_(Run.created_at == created_at, Run.id > last_id)),
+                ),
+            )
+        )
+    rows = list(session.execute(query.order_by(*admission.QUEUE_ORDER).limit(limit + 1)))
+    page = rows[:limit]
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+    return page, next_cursor
 
 
 def _same_row(row: Row[Any]) -> Row[Any]:
@@ -259,6 +334,7 @@ def _summary_fields(run: Run) -> dict[str, Any]:
         "dataset_mode": run.dataset_mode,
         "backend": run.backend,
         "status": run.status,
+        "priority": run.priority or 0,
         "last_step": run.last_step,
         "total_steps": (run.config.get("tinker") or {}).get("total_steps"),
         "stalled": run.stalled,
@@ -274,11 +350,15 @@ def run_warnings(run: Run, state: dict[str, Any] | None) -> list[dict[str, Any]]
     return [*(run.warnings or []), *((state or {}).get("warnings") or [])]
 
 
-def run_record(ctx: AppContext, run: Run) -> RunOut:
+def run_record(ctx: AppContext, run: Run, queue_position: int | None = None) -> RunOut:
     paths = RunPaths(ctx.settings.data_path, run.id)
     state = paths.read_trainer_state() or {}
     return RunOut(
         **_summary_fields(run),
+        queue_position=queue_position,
+        resources=run.resources,
+        executor=run.executor or "local",
+        executor_handle=run.executor_handle,
         created_by=run.created_by,
         environment_hash=run.environment_hash,
         config=run.config,
@@ -350,7 +430,7 @@ def _live_snapshot(ctx: AppContext, session: Session, run: Run, now: datetime) -
         wandb_url=run.wandb_url,
         failure=run.failure,
         checked_at=now,
-        processes=[_process_status(p) for p in run.processes],
+        processes=[_process_status(ctx.runs.executor, p) for p in run.processes],
         running_time_seconds=round(running_s, 1),
         running_time_minutes=round(running_s / 60, 2),
         metrics=HeadlineMetrics(step=record["last_step"], **headline),
@@ -362,11 +442,10 @@ def _live_snapshot(ctx: AppContext, session: Session, run: Run, now: datetime) -
     )
 
 
-def _process_status(process: RunProcess) -> LiveProcess:
+def _process_status(executor: Executor, process: RunProcess) -> LiveProcess:
     status = ProcessStatus(process.status)
     if status == ProcessStatus.RUNNING and process.pid and process.start_time:
-        liveness = identity_liveness(ProcessIdentity(process.pid, process.pgid or process.pid, process.start_time))
-        status = LIVE_STATUS[liveness]
+        status = LIVE_STATUS[executor.status(process.run_id, process_record(process, Path(os.devnull)))]
     return LiveProcess(
         role=process.role,
         pid=process.pid,
@@ -456,7 +535,8 @@ def log_path(ctx: AppContext, run_id: str, role: str) -> RunPaths:
 
 def log_tail(ctx: AppContext, run_id: str, role: str, lines: int) -> str:
     paths = log_path(ctx, run_id, role)
-    return "".join(ctx.scrub(line) + "\n" for line in read_tail(paths.log(role), lines))
+    tail = ctx.runs.executor.logs(run_id, role, paths.log(role), lines)
+    return "".join(ctx.scrub(line) + "\n" for line in tail)
 
 
 def is_terminal(ctx: AppContext, run_id: str) -> bool:

@@ -111,12 +111,16 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
             dataset=args.dataset,
             config={k: v for k, v in pending.items() if k != "backend"},
             backend=args.backend or pending.get("backend"),
+            resources=args.resources,
+            priority=args.priority,
         )
     else:
         request = CreateRunRequest(
             environment=selected_environment(ctx, state),
             config={k: v for k, v in state.pending_config.items() if k != "backend"},
             backend=args.backend or state.pending_config.get("backend"),
+            resources=args.resources,
+            priority=args.priority,
         )
     edits = request.config
     run, _created = runs.create_run(ctx, ctx.runs, request)
@@ -132,8 +136,12 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
         wandb_run_name=run.wandb_run_name,
         config_path=run.config_path,
         logs=run.logs,
-        message=f"Training run {run.id} is starting on the {run.backend} backend. "
-        f"Check it with rl_check_status({run.id!r}) in about {interval}. "
+        message=(
+            f"Training run {run.id} waits in the queue at position {run.queue_position} until a slot frees. "
+            if run.status == "queued"
+            else f"Training run {run.id} is starting on the {run.backend} backend. "
+        )
+        + f"Check it with rl_check_status({run.id!r}) in about {interval}. "
         + status_rule(ctx.settings.status_check_interval_s),
     )
 
@@ -193,6 +201,7 @@ def list_runs(ctx: AppContext, _state: SessionState, args: ListRunsArgs) -> Runs
                 environment=r.environment,
                 backend=r.backend,
                 status=r.status,
+                queue_position=r.queue_position,
                 step=r.last_step,
                 total_steps=r.total_steps,
                 created_at=r.created_at,

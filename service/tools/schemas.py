@@ -36,7 +36,7 @@ from service.jobs.runner import JobStatus
 from service.jobs.schemas import JobProgress
 from service.pagination import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
 from service.runs.lifecycle import RunStatus
-from service.runs.schemas import DatasetSource, Failure, HeadlineMetrics, LiveProcess
+from service.runs.schemas import DatasetSource, Failure, HeadlineMetrics, LiveProcess, RunResources
 from service.settings import Backend
 from service.tools.registry import ToolArguments
 
@@ -65,6 +65,12 @@ class EditConfigArgs(ToolArguments):
 class StartTrainingArgs(ToolArguments):
     backend: Backend | None = Field(
         None, description="tinker (the Tinker service) or local (this machine); null: the server default."
+    )
+    resources: RunResources | None = Field(
+        None, description="cpus, gpus, memory_gb the run asks for; null: the backend's defaults."
+    )
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="When the run must wait (queued): a higher priority starts first."
     )
     dataset: DatasetSource | None = Field(
         None,
@@ -252,6 +258,7 @@ class RunBrief(BaseModel):
     environment: str
     backend: str
     status: RunStatus
+    queue_position: int | None = Field(None, description="While queued: its place in the queue (1 starts next).")
     step: int | None
     total_steps: int | None
     created_at: datetime

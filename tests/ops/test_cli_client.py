@@ -203,5 +203,10 @@ def test_dataset_runs_and_evaluations_from_the_cli_send_the_same_request_models(
         assert online.returncode == 1 and "404 DATASET_NOT_FOUND" in online.stderr  # looked up before its rewards
         neither = rlctl(live.base_url, "runs", "start", token=TOKEN)
         assert neither.returncode == 1 and "422 VALIDATION_ERROR" in neither.stderr  # environment or dataset
+        # Resources go in the run's request model: the service validates them (docs/RUNS.md#resources).
+        zero_cpus = rlctl(live.base_url, "runs", "start", "echo", "--cpus", "0", token=TOKEN)
+        assert zero_cpus.returncode == 1 and "422 VALIDATION_ERROR" in zero_cpus.stderr
+        too_many = rlctl(live.base_url, "runs", "start", "echo", "--gpus", "64", "--priority", "3", token=TOKEN)
+        assert too_many.returncode == 1 and "422 RESOURCES_EXCEED_CAPACITY" in too_many.stderr
         evaluation = rlctl(live.base_url, "eval", "nope", "--reward", "echo", "--samples", "2", token=TOKEN)
         assert evaluation.returncode == 1 and "404 RUN_NOT_FOUND" in evaluation.stderr

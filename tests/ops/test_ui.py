@@ -136,3 +136,27 @@ def assert_curve(browser: Browser, chart_id: str, series: list[list[float]]) -> 
                 assert ys[i] > ys[j], f"step {series[i][0]} is drawn above a larger value"
     spans = [(ys[i] - ys[0]) / (values[0] - values[i]) for i in range(1, len(values)) if values[i] != values[0]]
     assert max(spans) - min(spans) < 0.01 * max(spans), "y is not linear in the value"  # coordinates are rounded
+
+
+def test_the_page_shows_queued_runs_with_their_place_in_the_queue(
+    ui_service: LiveService, chromium: str, tmp_path: Path
+) -> None:
+    settings = ui_service.settings
+    first = seed_run(settings, SeededRun(status="queued", process_status="pending"))
+    second = seed_run(settings, SeededRun(status="queued", process_status="pending"))
+    with headless_chromium(tmp_path, chromium) as browser:
+        browser.navigate(f"{ui_service.base_url}/ui#run={second.id}")
+        browser.wait_for("!document.getElementById('token-form').hidden", timeout=60)
+        browser.evaluate(
+            f"document.getElementById('token-input').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit(); true"
+        )
+        browser.wait_for(f"document.getElementById('run-section').dataset.runId === '{second.id}'", timeout=60)
+        assert browser.evaluate("document.getElementById('run-state').textContent") == "queued #2"
+        rows = browser.evaluate(
+            "[...document.querySelectorAll('#runs-table tbody tr')].map(r => [r.cells[0].textContent,"
+            " r.cells[3].textContent])"
+        )
+        assert rows == [[second.id, "queued #2"], [first.id, "queued #1"]]
+        facts = browser.evaluate("document.getElementById('run-facts').textContent")
+        assert "queue position2" in facts
