@@ -163,6 +163,8 @@ def start_cluster(nodes: int = 2) -> RayCluster:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RLCTL_"))}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # `python` on the nodes: this environment's
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # The dashboard starts its modules as processes and gives each 30 s; a loaded 2-core machine needs longer.
+    env["RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"] = str(scaled(240))
     cluster = RayCluster(root, _free_port(), _free_port(), _free_port(), env, nodes)
     try:
         cluster.start()
