@@ -1,4 +1,4 @@
-"""The control plane's side of a run on another node (docs/RAY.md#what-crosses-the-network).
+"""The control plane's side of a run on another node (docs/RAY.md#what-crosses-the-network-and-what-does-not).
 
 A run on Ray has no file system in common with the control plane. Its node-side supervisor (supervisor/node.py)
 fetches its plan once and then reports every interval; both calls carry a per-run secret, never the API token:
