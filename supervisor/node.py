@@ -433,6 +433,8 @@ def _supervise(from_shim: int) -> int:
     control_url, run_id = os.environ[ENV_CONTROL_URL], os.environ[ENV_RUN_ID]
     bootstrap = os.environ.pop(ENV_SECRET)
     data_dir = Path(os.environ.get(ENV_DATA_DIR) or Path.home() / ".rlctl-node").expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(data_dir)  # not Ray's job directory, which Ray may remove; and where an operator looks for it
     layout = NodeLayout(data_dir)
     plan = Channel(control_url, run_id, bootstrap).call("GET", "plan")
     channel = Channel(control_url, run_id, str(plan["secret"]))
