@@ -126,7 +126,11 @@ def test_runs_on_two_ray_nodes(ray_cluster: RayCluster, run_settings: Callable[.
         assert stopped["status"] == "stopped", stopped.get("failure")
         assert time.monotonic() - started < scaled(90)
         assert not any(process_alive(p["pid"]) for p in stopped["processes"] if p["pid"])
-        assert jobs.get_job_status(stopped["executor_handle"]).value in ("STOPPED", "SUCCEEDED")
+        wait_until(  # Ray ends the job once the node-side supervisor has handed over its last report
+            lambda: jobs.get_job_status(stopped["executor_handle"]).value in ("STOPPED", "SUCCEEDED"),
+            timeout=scaled(60),
+            message="Ray ending the stopped run's job",
+        )
         wait_for_status(client, third["id"], {"running"}, timeout=scaled(240))
         assert node_of(jobs, run_of(client, third["id"])) == head
 
