@@ -33,6 +33,7 @@ from service.jobs.runner import JobRunner
 from service.monitoring import install_monitoring
 from service.runs.manager import RunManager
 from service.runs.routes import logs_router as run_logs_router
+from service.runs.routes import node_router as run_node_router
 from service.runs.routes import router as runs_router
 from service.settings import Settings
 from service.tools.mcp_server import McpEndpoint
@@ -105,6 +106,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
     app.include_router(environments_router, dependencies=protected)
     app.include_router(runs_router, dependencies=protected)
     app.include_router(run_logs_router, dependencies=protected)
+    app.include_router(run_node_router)  # runs on Ray: each call carries its run's secret (docs/RAY.md)
     app.include_router(jobs_router, dependencies=protected)
     app.include_router(dataset_routes.router, dependencies=protected)
     app.include_router(dataset_routes.downloads_router, dependencies=protected)

@@ -101,6 +101,12 @@ class Settings(BaseSettings):
     max_concurrent_runs: int | None = Field(
         None, ge=1, description="local: runs started at once at most; more wait `queued`. Unset: no limit."
     )
+    # --- runs on Ray (RLCTL_EXECUTOR=ray, docs/RAY.md) ---
+    ray_control_url: str | None = Field(
+        None, description="This control plane's URL as the Ray nodes reach it (the node-side supervisors report there)."
+    )
+    ray_node_python: str = Field("python", description="The Python on the Ray nodes that has rlctl installed.")
+    ray_report_interval_s: float = Field(1.0, gt=0, description="How often a run's node reports logs and metrics.")
     wandb_check_timeout_s: float = Field(5, gt=0, description="Time W&B has to answer the key check of a new run.")
     wandb_base_url: str | None = Field(
         None, validation_alias=AliasChoices("WANDB_BASE_URL", "RLCTL_WANDB_BASE_URL"), description="W&B server."

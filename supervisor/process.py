@@ -7,6 +7,7 @@ matches): a pid reused by an unrelated process is never touched.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import psutil
 
 START_TIME_TOLERANCE_S = 0.05
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Liveness(Enum):
@@ -62,6 +64,9 @@ class ProcessSpec:
     log_path: Path
     ready: Callable[[], bool] | None = None  # answers True once the process serves
     ready_timeout_s: float = 60.0
+    # Killed by the kernel when the supervising process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG): a node-side
+    # supervisor on Ray (supervisor/node.py) has no service that would re-adopt its processes after its death.
+    die_with_parent: bool = False
 
 
 def identity_liveness(identity: ProcessIdentity) -> Liveness:
@@ -100,6 +105,7 @@ class SupervisedProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own session and process group: signals reach the whole tree
                 close_fds=True,
+                preexec_fn=_die_with_parent if spec.die_with_parent else None,  # prctl only: safe before exec
             )
         try:
             start_time = psutil.Process(popen.pid).create_time()
@@ -173,6 +179,12 @@ class SupervisedProcess:
         if leader is Liveness.UNKNOWN:
             return False
         return not psutil.pid_exists(self.identity.pgid) and self._group_alive()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that spawned it ends (its parent's death)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def live_group_members(pgid: int) -> list[int]:

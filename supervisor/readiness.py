@@ -8,6 +8,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 from supervisor.process import ExitStatus, SupervisedProcess
 
@@ -32,25 +34,31 @@ class ExitedDuringStartup(Exception):
         self.status = status
 
 
-def http_answers(url: str) -> Callable[[], bool]:
-    """Ready when the URL answers 2xx."""
+@dataclass(frozen=True)
+class HttpAnswers:
+    """Ready when the URL answers 2xx. Plain data, so a plan can travel to another node (supervisor/node.py)."""
 
-    def probe() -> bool:
+    url: str
+    kind: ClassVar[str] = "http"
+
+    def __call__(self) -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - loopback only
+            with urllib.request.urlopen(self.url, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - loopback only
                 return 200 <= response.status < 300
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    return probe
 
-
-def atropos_env_registered(api_url: str) -> Callable[[], bool]:
+@dataclass(frozen=True)
+class AtroposEnvRegistered:
     """Ready when an environment has registered with the run's Atropos API (it then produces rollouts)."""
 
-    def probe() -> bool:
+    url: str  # the Atropos API's base URL
+    kind: ClassVar[str] = "atropos"
+
+    def __call__(self) -> bool:
         request = urllib.request.Request(
-            f"{api_url}/status-env",
+            f"{self.url}/status-env",
             data=json.dumps({"env_id": 0}).encode(),
             headers={"Content-Type": "application/json"},
             method="GET",
@@ -62,7 +70,13 @@ def atropos_env_registered(api_url: str) -> Callable[[], bool]:
             return False
         return isinstance(body, dict) and "env_weight" in body
 
-    return probe
+
+def http_answers(url: str) -> HttpAnswers:
+    return HttpAnswers(url)
+
+
+def atropos_env_registered(api_url: str) -> AtroposEnvRegistered:
+    return AtroposEnvRegistered(api_url)
 
 
 def wait_until_ready(

@@ -80,6 +80,8 @@ class Run(Base):
     executor_handle: Mapped[str | None] = mapped_column(String(128))
     resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {cpus, gpus, memory_gb}
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # higher is admitted first
+    # SHA-256 of the secret a run on Ray authenticates its node's calls with (docs/RAY.md#authentication).
+    node_secret_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]

@@ -23,7 +23,6 @@ from service.runs import admission, lifecycle, metrics
 from service.runs.launch import Ports, process_specs
 from service.runs.paths import RunPaths
 from service.runs.wandb import run_wandb_mode
-from service.settings import Settings
 from service.states import ProcessStatus, RunStatus
 from supervisor.executor import Executor, ProcessRecord
 from supervisor.local import LocalExecutor
@@ -38,13 +37,26 @@ class ExecutorUnavailable(RuntimeError):
     """RLCTL_EXECUTOR names an executor this service cannot use: the service does not start."""
 
 
-def build_executor(settings: Settings) -> Executor:
-    """The executor RLCTL_EXECUTOR names (docs/RUNS.md#executors)."""
+def build_executor(ctx: AppContext) -> Executor:
+    """The executor RLCTL_EXECUTOR names (docs/RUNS.md#executors, docs/RAY.md)."""
+    settings = ctx.settings
     if settings.executor == "local":
         return LocalExecutor(max_runs=settings.max_concurrent_runs)
-    raise ExecutorUnavailable(
-        f"RLCTL_EXECUTOR={settings.executor}: this version of rlctl has no {settings.executor} executor yet; "
-        "unset RLCTL_EXECUTOR (or set it to local) to run on this host"
+    if not settings.ray_address or not settings.ray_control_url:
+        raise ExecutorUnavailable(
+            "RLCTL_EXECUTOR=ray needs RLCTL_RAY_ADDRESS (the Ray dashboard's address) and RLCTL_RAY_CONTROL_URL "
+            "(this control plane's URL as the Ray nodes reach it): docs/RAY.md"
+        )
+    from service.runs.node import issue_bootstrap_secret
+    from supervisor.ray_executor import RayExecutor
+
+    data_path = settings.data_path
+    return RayExecutor(
+        address=settings.ray_address,
+        control_url=settings.ray_control_url,
+        issue_secret=lambda run_id: issue_bootstrap_secret(ctx, run_id),
+        log_path=lambda run_id, role: RunPaths(data_path, run_id).log(role),
+        node_python=settings.ray_node_python,
     )
 
 
@@ -52,7 +64,7 @@ class RunManager:
     def __init__(self, ctx: AppContext, executor: Executor | None = None) -> None:
         self.ctx = ctx
         self.replica_id = ctx.replica_id
-        self.executor = executor or build_executor(ctx.settings)
+        self.executor = executor or build_executor(ctx)
         self._closing = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._environment_file_for: Callable[[str], Path] = lambda name: ctx.catalog.get(name).file_path

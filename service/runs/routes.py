@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -16,9 +16,12 @@ from service.context import AppContext
 from service.deps import Ctx
 from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
-from service.runs import service
+from service.runs import node, service
 from service.runs.schemas import (
     CreateRunRequest,
+    NodePlan,
+    NodeReport,
+    NodeReportAnswer,
     ProcessRole,
     PromptSplit,
     RateLimitedBody,
@@ -35,6 +38,10 @@ from service.states import RunStatus
 router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401, 403))
 # Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.
 logs_router = APIRouter(prefix="/runs", tags=["runs"])
+# The internal channel of runs on Ray (docs/RAY.md#authentication): a run's node-side supervisor calls it with the run's
+# secret, never a bearer token, so it is included without the token check; left out of the OpenAPI schema.
+node_router = APIRouter(prefix="/runs", tags=["internal"], include_in_schema=False)
+RunSecret = Annotated[str | None, Header(alias="X-Rlctl-Run-Secret", max_length=256)]
 RunId = Annotated[str, name_path("Run id, as returned by POST /runs.")]
 FOLLOW_POLL_S = 0.25
 MAX_STEP = (1 << 63) - 1  # a step the databases can compare with (a larger one overflowed SQLite: 500)
@@ -226,3 +233,15 @@ def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
     except OSError:
         return b"", offset
     return data, offset + len(data)
+
+
+@node_router.get("/{run_id}/node/plan", response_model=NodePlan)
+async def get_node_plan(ctx: Ctx, run_id: RunId, secret: RunSecret = None) -> NodePlan:
+    """The run's plan, once, for the bootstrap secret the job was submitted with (which it spends)."""
+    return await run_in_threadpool(node.node_plan, ctx, run_id, secret)
+
+
+@node_router.post("/{run_id}/node/report", response_model=NodeReportAnswer)
+async def post_node_report(ctx: Ctx, run_id: RunId, body: NodeReport, secret: RunSecret = None) -> NodeReportAnswer:
+    """Mirrored logs, metrics and trainer state, and the supervisor's events; answers offsets and whether to stop."""
+    return await run_in_threadpool(node.node_report, ctx, ctx.runs.executor, run_id, secret, body)

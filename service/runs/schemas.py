@@ -282,3 +282,63 @@ class RunPrompts(BaseModel):
     prompts: list[RunPrompt]
     total: int
     offset: int
+
+
+# --- a run's node on Ray (docs/RAY.md): the internal channel, authenticated by the run's secret ---
+
+
+class NodeProcess(BaseModel):
+    """One process as the node starts it; paths carry the placeholders each node replaces with its own."""
+
+    role: ProcessRole
+    argv: list[str]
+    env: dict[str, str]  # only what differs from the node's own environment
+    cwd: str
+    log_path: str
+    ready: dict[str, str]  # {"kind": "http" | "atropos", "url": ...}
+    ready_timeout_s: float
+
+
+class NodeSupervision(BaseModel):
+    stop_grace_s: float
+    poll_interval_s: float
+    stall_after_s: float | None
+    drain_timeout_s: float
+    report_interval_s: float
+
+
+class NodePlan(BaseModel):
+    """What a run's node-side supervisor needs: fetched once, with the bootstrap secret, which it spends."""
+
+    run_id: str
+    secret: str  # the run secret for every later call (the control plane keeps only its hash)
+    files: dict[str, str]  # path under the node's data directory -> text
+    processes: list[NodeProcess]
+    prepare: list[str]  # a command run before the first process (the local backend's tiny model); empty: none
+    logs: dict[str, str]
+    supervision: NodeSupervision
+
+
+class NodeEvent(BaseModel):
+    """A supervisor event on the node: process_started, running, process_exited, stall, finished."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["process_started", "running", "process_exited", "stall", "finished"]
+
+
+class NodeChunk(BaseModel):
+    offset: int = Field(ge=0)
+    data: str = Field(max_length=1 << 20)  # base64
+
+
+class NodeReport(BaseModel):
+    events: list[NodeEvent] = Field(default_factory=list, max_length=1000)
+    files: dict[Literal["log/api", "log/trainer", "log/env", "metrics", "env_metrics"], NodeChunk] = Field(
+        default_factory=dict
+    )
+    trainer_state: dict[str, Any] | None = None
+
+
+class NodeReportAnswer(BaseModel):
+    offsets: dict[str, int]  # how much of each mirrored file the control plane holds: the next chunk starts there
+    stop: bool  # the run is stopping (or over): the node stops its processes

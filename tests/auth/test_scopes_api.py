@@ -26,6 +26,8 @@ from tests.support.waiting import wait_until
 
 ADMIN_TOKEN = "scopes-env-admin-token"
 PUBLIC_PATHS = {"/healthz", "/readyz", "/ui", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# A Ray run's node calls these with its run's secret, never a token (docs/RAY.md#authentication).
+PUBLIC_PATHS |= {"/runs/{run_id}/node/plan", "/runs/{run_id}/node/report"}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 

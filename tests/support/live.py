@@ -113,13 +113,15 @@ def in_process_service(
 
 
 @contextmanager
-def live_service(settings: Settings, prepare: Callable[[FastAPI], None] | None = None) -> Iterator[LiveService]:
-    """The app served on a loopback port; `prepare` runs on the app before it starts (e.g. to register extra job
-    kinds before recovery)."""
+def live_service(
+    settings: Settings, prepare: Callable[[FastAPI], None] | None = None, port: int | None = None
+) -> Iterator[LiveService]:
+    """The app served on a loopback port (`port`, else a free one); `prepare` runs on the app before it starts (e.g.
+    to register extra job kinds before recovery)."""
     app = create_app(settings)
     if prepare is not None:
         prepare(app)
-    port = free_port()
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
     thread = threading.Thread(target=server.run, name=f"rlctl-test-{port}", daemon=True)
     thread.start()
