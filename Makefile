@@ -31,8 +31,11 @@ run: install
 	$(BIN)/rlctl db upgrade
 	$(BIN)/rlctl serve --host $(HOST) --port $(PORT)
 
+# Two workers: most of the suite's time is spent waiting on processes it started, not on its own CPU.
+TEST_WORKERS ?= 2
+
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 $(SKYRL_STAMP): $(SKYRL_LOCK)
 	@test -n "$(SKYRL_PYTHON)" || { echo "SkyRL needs Python 3.12: put python3.12 on PATH or set SKYRL_PYTHON"; exit 1; }

@@ -25,6 +25,12 @@ for _name in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_AP
     os.environ.pop(_name, None)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long end-to-end tests first: on several workers (`make test`), the short ones then fill the gaps
+    instead of one long test starting last and running alone (a stable sort keeps each group's order)."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(autouse=True)
 def environment_schemas_once(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each environment is imported once per session (tests marked `real_introspection` import it every time)."""
