@@ -8,7 +8,6 @@ before they are kept anywhere, and a failure leaves the group's records unscored
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,13 +15,13 @@ from typing import Any
 import openai
 from sqlalchemy.exc import IntegrityError
 
+from service.datasets.chat_retry import ChatGaveUp, ChatRefused, ask_with_retries
 from service.db.engine import Database
 from service.db.models import JudgeCacheEntry
 from service.settings import Settings
 from trajectories.judge import JudgeReplyError, JudgeVerdict, cache_key, content_hash, judge_messages, parse_judge_reply
 from trajectories.records import TrajectoryRecord
 
-_NON_RETRYABLE_STATUS = frozenset({400, 401, 403, 404, 422})
 MAX_JUDGE_OUTPUT_TOKENS = 4096
 
 
@@ -60,27 +59,21 @@ class JudgeClient:
         self._max_retries, self._timeout_s, self._backoff_s = max_retries, timeout_s, backoff_s
 
     def judge(self, group: Sequence[TrajectoryRecord], rubric: str) -> list[JudgeVerdict]:
-        deadline = time.monotonic() + self._timeout_s
         messages = judge_messages(group, rubric)
-        failure = "no attempt made"
-        for attempt in range(self._max_retries + 1):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                return parse_judge_reply(self._ask(messages, remaining), len(group))
-            except openai.APIStatusError as error:
-                if error.status_code in _NON_RETRYABLE_STATUS:
-                    raise JudgeFailed(f"the judge refused the request: HTTP {error.status_code}") from None
-                failure = f"HTTP {error.status_code}"
-            except (openai.APIConnectionError, openai.APITimeoutError) as error:
-                failure = str(error) or type(error).__name__
-            except JudgeReplyError as error:
-                failure = f"unreadable answer: {error}"
-            pause = min(self._backoff_s * 2**attempt, deadline - time.monotonic())
-            if attempt < self._max_retries and pause > 0:
-                time.sleep(pause)
-        raise JudgeFailed(self._scrub(f"no verdict after {self._max_retries + 1} attempts: {failure}")[:500])
+        try:
+            return ask_with_retries(
+                lambda seconds_left: parse_judge_reply(self._ask(messages, seconds_left), len(group)),
+                timeout_s=self._timeout_s,
+                max_retries=self._max_retries,
+                backoff_s=self._backoff_s,
+                unusable=(JudgeReplyError,),
+            )
+        except ChatRefused as refusal:
+            raise JudgeFailed(f"the judge refused the request: {refusal}") from None
+        except ChatGaveUp as failure:
+            raise JudgeFailed(
+                self._scrub(f"no verdict after {self._max_retries + 1} attempts: {failure}")[:500]
+            ) from None
 
     def _ask(self, messages: list[dict[str, str]], timeout: float) -> str:
         response = self._client.chat.completions.create(

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import openai
 
+from service.datasets.chat_retry import ChatGaveUp, ChatRefused, ask_with_retries
 from trajectories.records import Turn
 from trajectories.summarizers import SummarizationError, summary_prompt
 
 DEFAULT_SUMMARY_MODEL = "google/gemini-3-flash-preview"
 DEFAULT_SUMMARY_TEMPERATURE = 0.3
-_NON_RETRYABLE_STATUS = frozenset({400, 401, 403, 404, 422})
 
 
 class OpenAICompatibleSummarizer:
@@ -43,25 +42,21 @@ class OpenAICompatibleSummarizer:
         self._max_output_tokens = max_output_tokens
 
     def summarize(self, turns: Sequence[Turn], target_tokens: int) -> str:
-        deadline = time.monotonic() + self._timeout_s
         messages = summary_prompt(turns, target_tokens)
-        failure = "no attempt made"
-        for attempt in range(self._max_retries + 1):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                return self._ask(messages, target_tokens, remaining)
-            except openai.APIStatusError as error:
-                if error.status_code in _NON_RETRYABLE_STATUS:
-                    raise SummarizationError(f"summary model refused the request: {error.status_code}") from error
-                failure = f"HTTP {error.status_code}"
-            except (openai.APIConnectionError, openai.APITimeoutError, SummarizationError) as error:
-                failure = str(error) or type(error).__name__
-            pause = min(self._backoff_s * 2**attempt, deadline - time.monotonic())
-            if attempt < self._max_retries and pause > 0:
-                time.sleep(pause)
-        raise SummarizationError(f"no summary after {self._max_retries + 1} attempts or {self._timeout_s}s: {failure}")
+        try:
+            return ask_with_retries(
+                lambda seconds_left: self._ask(messages, target_tokens, seconds_left),
+                timeout_s=self._timeout_s,
+                max_retries=self._max_retries,
+                backoff_s=self._backoff_s,
+                unusable=(SummarizationError,),
+            )
+        except ChatRefused as refusal:
+            raise SummarizationError(f"summary model refused the request: {refusal.status}") from refusal
+        except ChatGaveUp as failure:
+            raise SummarizationError(
+                f"no summary after {self._max_retries + 1} attempts or {self._timeout_s}s: {failure}"
+            ) from None
 
     def _ask(self, messages: list[dict[str, str]], target_tokens: int, timeout: float) -> str:
         response = self._client.chat.completions.create(
