@@ -35,7 +35,7 @@ def ask_with_retries(
     backoff_s: float,
     unusable: tuple[type[Exception], ...] = (),
 ) -> T:
-    """`ask(seconds_left)` until it answers; `unusable` are the caller's own errors for an answer it cannot use."""
+    """`ask(seconds_left)` until it answers; `unusable` are the caller's own errors for an answer it cannot read."""
     deadline = time.monotonic() + timeout_s
     failure = "no attempt made"
     for attempt in range(max_retries + 1):
@@ -51,7 +51,7 @@ def ask_with_retries(
         except (openai.APIConnectionError, openai.APITimeoutError) as error:
             failure = str(error) or type(error).__name__
         except unusable as error:
-            failure = f"unusable answer: {error}"
+            failure = f"unreadable answer: {error}"
         pause = min(backoff_s * 2**attempt, deadline - time.monotonic())
         if attempt < max_retries and pause > 0:
             time.sleep(pause)
