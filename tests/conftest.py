@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from service.pysource import PARSE_LOCK
 from service.settings import Settings
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database, migrated_databases
 from tests.support.environment_schemas import shared_schemas
@@ -23,6 +25,20 @@ TEST_DATA = REPO_ROOT / "tests" / "data"
 # Secrets of the developer's shell must not leak into tests (nor tests depend on them).
 for _name in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN"):
     os.environ.pop(_name, None)
+
+
+_unlocked_parse = ast.parse
+
+
+def _parse_under_the_service_lock(*args: Any, **kwargs: Any) -> ast.AST:
+    with PARSE_LOCK:
+        return _unlocked_parse(*args, **kwargs)
+
+
+# pytest parses a failed test's source to show it, on the main thread, while an in-process service may be
+# parsing environment files in its request threads; unserialised, the two can crash the whole session
+# (service/pysource.py says why).
+ast.parse = _parse_under_the_service_lock  # type: ignore[assignment]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -42,6 +42,7 @@ def record_with_completion(
 ) -> TrajectoryRecord:
     """A prompt's chat messages plus a policy's completion as the last assistant turn: what rewards score."""
     roles = {chat: sharegpt for sharegpt, chat in CHAT_ROLES.items()}
+    # roles[...] is one of CHAT_ROLES' keys, which the Literal of Turn.role cannot see through the dict.
     turns = [Turn(roles[m["role"]], m["content"]) for m in messages]  # type: ignore[arg-type]
     return TrajectoryRecord(turns=(*turns, Turn("gpt", completion)), metadata=dict(metadata or {}))
 

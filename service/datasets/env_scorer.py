@@ -22,6 +22,7 @@ from typing import IO, Any
 from service.context import AppContext
 from service.environments.catalog import child_process_environment
 from service.errors import NotFound
+from service.pysource import parse_module
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES
 from trajectories.records import TrajectoryRecord
 
@@ -48,7 +49,7 @@ def has_scorer(ctx: AppContext, name: str) -> bool:
 def defines_scorer(path: Path) -> bool:
     """Read without importing: does the file define a top-level score_completion function?"""
     try:
-        tree = ast.parse(path.read_bytes())
+        tree = parse_module(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):
         return False
     return any(isinstance(node, ast.FunctionDef) and node.name == SCORER_FUNCTION for node in tree.body)

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.pysource import parse_module
+
 ROOT_BASE = "BaseEnv"
 
 
@@ -49,7 +51,7 @@ class DiscoveryError:
 def scan_source(path: Path, source: str) -> FileScan:
     """Read the top-level classes of one file; a file that does not parse is reported, not raised."""
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = parse_module(source, filename=str(path))
     except SyntaxError as exc:
         return FileScan(path, error=f"SyntaxError: {exc.msg} (line {exc.lineno})")
     except ValueError as exc:  # e.g. source with NUL bytes

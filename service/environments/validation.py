@@ -5,12 +5,12 @@ docs/ENVIRONMENTS.md#writing-environments lists them; the import in a child proc
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterable
 from pathlib import Path
 
 from service.environments.discovery import FileScan, environment_class_names, scan_source
 from service.environments.schemas import ValidationCheck
+from service.pysource import parse_module
 
 
 def check_source(
@@ -55,7 +55,7 @@ def check_source(
 
 def _syntax(source: str, path: Path) -> ValidationCheck:
     try:
-        ast.parse(source, filename=path.name)
+        parse_module(source, filename=path.name)
     except SyntaxError as exc:
         return ValidationCheck(check="syntax", ok=False, message=exc.msg, line=exc.lineno, column=exc.offset)
     except ValueError as exc:  # NUL bytes

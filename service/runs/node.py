@@ -78,7 +78,7 @@ def node_plan(ctx: AppContext, run_id: str, given: str | None) -> NodePlan:
             .where(Run.id == run_id, Run.node_secret_hash == stored)
             .values(node_secret_hash=secret_hash(run_secret))
         )
-        if spent.rowcount != 1:  # type: ignore[attr-defined]
+        if spent.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's result has it; Result[Any] does not say so
             raise Unauthorized(BAD_SECRET)
         run = session.get_one(Run, run_id)
         environment, backend, ports = run.environment, run.backend, Ports(**run.ports)
