@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
         # Blocking handlers run in this many threads; the database pool keeps a connection for each of them.
         anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
         context.claim_data_dir()
+        context.start_warm_up()  # in the background, from the start: a first request waits for less of it
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)
         await run_in_threadpool(context.runs.open)
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
             # Runs keep running across a service restart: they are re-adopted at the next start.
             await run_in_threadpool(context.jobs.close)
             await run_in_threadpool(context.runs.close)
+            await run_in_threadpool(context.stop_children)
             context.db.dispose()
             context.release_data_dir()
 

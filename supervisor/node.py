@@ -137,6 +137,7 @@ def process_specs(layout: NodeLayout, plan: dict[str, Any]) -> list[ProcessSpec]
                 log_path=Path(layout.localize(entry["log_path"])),
                 ready=probe,
                 ready_timeout_s=float(entry["ready_timeout_s"]),
+                after=tuple(entry["after"]) if entry.get("after") is not None else None,
                 die_with_parent=True,
             )
         )

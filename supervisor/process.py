@@ -64,6 +64,9 @@ class ProcessSpec:
     log_path: Path
     ready: Callable[[], bool] | None = None  # answers True once the process serves
     ready_timeout_s: float = 60.0
+    # The roles that must be ready before this process is spawned (docs/RUNS.md#process-order); None: the process
+    # before it in the plan (each waits for its predecessor), () : at once.
+    after: tuple[str, ...] | None = None
     # Killed by the kernel when the supervising process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG): a node-side
     # supervisor on Ray (supervisor/node.py) has no service that would re-adopt its processes after its death.
     die_with_parent: bool = False

@@ -297,6 +297,7 @@ class NodeProcess(BaseModel):
     log_path: str
     ready: dict[str, str]  # {"kind": "http" | "atropos", "url": ...}
     ready_timeout_s: float
+    after: list[ProcessRole] | None = None  # roles ready before it is spawned; None: the one before it
 
 
 class NodeSupervision(BaseModel):
