@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from supervisor.ports import free_ports  # noqa: E402
 
 TERMINAL = ("failed", "completed", "stopped")
+ANSWERED: list[float] = []  # seconds each POST /runs took to answer (201)
 CREATED: list[str] = []  # every run started, stopped before the service ends (runs outlive their service)
 POLL_S = 0.1  # ten runs polled at once: 100 reads a second, a small load beside ten start-ups
 
@@ -51,14 +52,17 @@ def main() -> None:
         print(f"service start -> /readyz:      {ready_s:6.2f} s")
         time.sleep(args.first_after)
         first = _start_and_stop(client)
-        print(f"first run  POST -> running:    {first:6.2f} s   (/readyz + {args.first_after:g} s)")
+        print(
+            f"first run  POST -> running:    {first:6.2f} s   (/readyz + {args.first_after:g} s; "
+            f"the POST answered in {ANSWERED[0]:.2f} s)"
+        )
         lone = _start_and_stop(client)
-        print(f"later run  POST -> running:    {lone:6.2f} s   (the lone start)")
+        print(f"later run  POST -> running:    {lone:6.2f} s   (the lone start; answered in {ANSWERED[1]:.2f} s)")
         with ThreadPoolExecutor(args.together) as pool:
-            together = sorted(pool.map(lambda _: _to_running(client), range(args.together)))
+            together = list(pool.map(lambda _: _to_running(client), range(args.together)))
         for run_id, _ in together:
             _retried(lambda run_id=run_id: client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}))
-        times = [seconds for _, seconds in together]
+        times = sorted(seconds for _, seconds in together)
         print(
             f"{args.together} together POST -> running: min {times[0]:.2f}  median {statistics.median(times):.2f}  "
             f"max {times[-1]:.2f} s   slowest / lone: {times[-1] / lone:.2f}x"
@@ -77,6 +81,7 @@ def _to_running(client: httpx.Client) -> tuple[str, float]:
     body = {"environment": "echo", "backend": "local", "idempotency_key": uuid.uuid4().hex}
     run_id = _retried(lambda: client.post("/runs", json=body)).json()["id"]
     CREATED.append(run_id)
+    ANSWERED.append(time.monotonic() - started)
     deadline = started + 900
     while time.monotonic() < deadline:
         run = _retried(lambda: client.get(f"/runs/{run_id}")).json()

@@ -34,6 +34,7 @@ class AppContext:
     jobs: Any = None  # the JobRunner, likewise
     _lock_file: IO[str] | None = None
     _warm_up: list[threading.Thread] = field(default_factory=list)
+    _warm_up_started: bool = False
 
     def claim_data_dir(self) -> None:
         """One service per data directory: two would both think they own the same runs."""
@@ -55,8 +56,9 @@ class AppContext:
         """The start-up work a first request would otherwise wait for (docs/RUNS.md#start-up-work), each part in
         a background thread over a child process: every environment's config schema, and the local backend's tiny
         model when it is the default backend's model. Requests that need either wait for it, not for a second one."""
-        if not self.settings.warm_up:
+        if not self.settings.warm_up or self._warm_up_started:
             return
+        self._warm_up_started = True
         work: list[tuple[str, Callable[[], object]]] = [("environment schemas", self.catalog.warm)]
         if (
             self.settings.effective_default_backend == Backend.LOCAL

@@ -175,6 +175,13 @@ class RunSupervisor:
             for spec in specs:
                 if spec.role in ready or spec.role not in self.processes:
                     continue
+                if not set(spec.probe_after) & set(waits_for) <= ready:
+                    status = self.processes[spec.role].poll()  # not probed yet, but an exit is seen at once
+                    if status is not None:
+                        raise ExitedDuringStartup(spec.role, status)
+                    if time.monotonic() >= deadlines[spec.role]:
+                        raise ReadinessTimeout(spec.role, spec.ready_timeout_s)
+                    continue
                 if is_ready(self.processes[spec.role], spec.ready, deadlines[spec.role], spec.ready_timeout_s):
                     ready.add(spec.role)
                     became_ready = True

@@ -69,6 +69,7 @@ def process_specs(
             ready=atropos_env_registered(api_url),
             ready_timeout_s=settings.env_ready_timeout_s,
             after=(),
+            probe_after=(TRAINER,),  # it registers only after the trainer has
         ),
     ]
 

@@ -336,3 +336,25 @@ def test_each_readiness_time_out_counts_from_its_own_spawn(tmp_path: Path, super
     supervisor, events = run(supervisors, plan(specs))
     assert events.done.wait(60)
     assert events.outcome.failure.kind == "readiness_timeout" and events.outcome.failure.process == TRAINER
+
+
+def test_a_probe_waits_for_the_roles_it_names(tmp_path: Path, supervisors: list) -> None:
+    """The environment's probe asks the API, which answers 500 until an environment registered: it is not asked
+    before the trainer is ready."""
+    api_port, trainer_port = free_ports(2)
+    probed: list[float] = []
+
+    def env_probe() -> bool:
+        probed.append(time.monotonic())
+        return True
+
+    specs = [
+        at_once(fake(tmp_path, API, port=api_port)),
+        at_once(fake(tmp_path, TRAINER, "--ready-after", "2", port=trainer_port)),
+        dataclasses.replace(at_once(fake(tmp_path, ENV)), ready=env_probe, probe_after=(TRAINER,)),
+    ]
+    started = time.monotonic()
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    assert probed and min(probed) - started >= 2.0
+    assert events.started == [API, TRAINER, ENV]
