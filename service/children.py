@@ -50,6 +50,10 @@ class ChildRunner:
                 self._running.discard(process)
         return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """End every child still running; later calls to run() are refused."""
         with self._lock:

@@ -120,6 +120,8 @@ def build_context(settings: Settings) -> AppContext:
 def _warm(name: str, task: Callable[[], object]) -> None:
     try:
         task()
+    except ChildProcessError:
+        logger.debug("warm-up of the %s ended with the service", name)
     except Exception as error:  # noqa: BLE001 - warm-up only saves time: the request that needs it tries again
         logger.warning(
             "warm-up of the %s failed (%s: %s); it is done when first needed", name, type(error).__name__, error

@@ -1,4 +1,5 @@
-"""A run's three processes: started in order, watched together, stopped in reverse order.
+"""A run's three processes: each spawned once the roles it waits for are ready (docs/RUNS.md#process-order),
+watched together, stopped in reverse order.
 
 Fate sharing (docs/RUNS.md#fate-sharing): when the trainer ends, the run ends (completed when it finished its
 steps, failed otherwise); when the API ends, the run fails; when the environment exits with code 0, the trainer

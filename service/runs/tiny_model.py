@@ -43,6 +43,8 @@ class TinyModelBuilder:
                 cwd=REPO_ROOT,
                 timeout_s=BUILD_TIMEOUT_S,
             )
+            if completed.returncode != 0 and self._children.closed:
+                raise ChildProcessError("the service stopped while the tiny model was being built")
             if completed.returncode != 0 or not self.built():
                 tail = " | ".join(completed.stderr.decode("utf-8", errors="replace").strip().splitlines()[-5:])
                 raise RuntimeError(f"building the tiny model in {self.directory} failed: {tail or 'no output'}")
