@@ -1,6 +1,6 @@
 """CPU per request of the run reads, through the ASGI app in-process (no sockets, no load generator).
 
-    .venv/bin/python benchmarks/read_cpu.py [--requests 300]
+    .venv/bin/python benchmarks/read_cpu.py [--requests 300] [--profile PATH]
 
 Seeds 10,000 runs in a temporary SQLite database, starts the app (its lifespan included), then sends each path
 `--requests` times, one after another, and prints the process CPU time per request (every thread counted: the
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import logging
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -58,7 +60,7 @@ async def _call(app: Any, path: str) -> None:
         raise RuntimeError(f"{path} answered {sent[0]['status']}")
 
 
-async def _measure(app: Any, requests: int) -> None:
+async def _measure(app: Any, requests: int, profile: Path | None = None) -> None:
     async with app.router.lifespan_context(app):
         from service.runs import service as runs
 
@@ -79,21 +81,30 @@ async def _measure(app: Any, requests: int) -> None:
             label = path.replace(run_id, "{id}")
             ratio = best["/healthz"] / best[path]
             print(f"{label:<32} {best[path] * 1000:6.3f} ms CPU/request   /healthz's / this: {ratio:.2f}")
+        if profile is not None:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(requests):
+                await _call(app, "/runs?limit=50")
+            profiler.disable()
+            profiler.dump_stats(str(profile))
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--profile", type=Path, help="write a cProfile of GET /runs?limit=50 here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as tmp:
         url = f"sqlite:///{Path(tmp) / 'rlctl.db'}"
         migrate.upgrade(Database(url))
         _seed(url, 10_000)
-        os.environ.update(RLCTL_DATABASE_URL=url, RLCTL_DATA_DIR=tmp, RLCTL_LOG_LEVEL="WARNING")
+        os.environ.update(RLCTL_DATABASE_URL=url, RLCTL_DATA_DIR=tmp, RLCTL_LOG_LEVEL="WARNING", RLCTL_WARM_UP="false")
         logging.disable(logging.INFO)  # the access log is not what is measured
         from service.app import create_app
 
-        asyncio.run(_measure(create_app(), args.requests))
+        asyncio.run(_measure(create_app(), args.requests, args.profile))
 
 
 if __name__ == "__main__":

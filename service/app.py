@@ -64,8 +64,11 @@ def register_job_kinds(runner: JobRunner) -> None:
         runner.register(kind)
 
 
-def create_app(settings: Settings | None = None, migrate_on_start: bool = True) -> FastAPI:
-    context = build_context(settings or Settings())
+def create_app(
+    settings: Settings | None = None, migrate_on_start: bool = True, context: AppContext | None = None
+) -> FastAPI:
+    """The app over `context` (`rlctl serve` builds it first, to begin the start-up work sooner), else a new one."""
+    context = context or build_context(settings or Settings())
     context.runs = RunManager(context)
     context.jobs = JobRunner(context, workers=context.settings.job_workers)
     register_job_kinds(context.jobs)
@@ -76,6 +79,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
         # Blocking handlers run in this many threads; the database pool keeps a connection for each of them.
         anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
         context.claim_data_dir()
+        context.start_warm_up()  # in the background (once; `rlctl serve` began it already): docs/RUNS.md#start-up-work
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)
         await run_in_threadpool(context.runs.open)
@@ -88,6 +92,7 @@ def create_app(settings: Settings | None = None, migrate_on_start: bool = True) 
             # Runs keep running across a service restart: they are re-adopted at the next start.
             await run_in_threadpool(context.jobs.close)
             await run_in_threadpool(context.runs.close)
+            await run_in_threadpool(context.stop_children)
             context.db.dispose()
             context.release_data_dir()
 

@@ -66,11 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from service.app import create_app
     from service.auth.guard import is_loopback
     from service.auth.tokens import TokenStore
+    from service.context import build_context
     from service.observability import configure_logging
 
     settings = Settings()
@@ -81,7 +79,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     configure_logging(settings.log_level, settings.log_format, settings.secret_values)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
+    context = build_context(settings)
+    # The start-up work's children run while the app's modules import (seconds): docs/RUNS.md#start-up-work.
+    context.start_warm_up()
+    try:
+        import uvicorn
+
+        from service.app import create_app
+
+        app = create_app(settings, context=context)
+        uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)
+    finally:
+        context.stop_children()
     return 0
 
 

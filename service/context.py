@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import socket
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from service.auth.tokens import TokenStore
+from service.children import ChildRunner
 from service.db.engine import Database
 from service.environments.catalog import EnvironmentCatalog, child_process_environment
-from service.settings import SECRET_ENV_NAMES, Settings
+from service.runs.tiny_model import TinyModelBuilder
+from service.settings import SECRET_ENV_NAMES, Backend, Settings
+
+logger = logging.getLogger("rlctl.warm_up")
 
 
 @dataclass
@@ -21,9 +28,13 @@ class AppContext:
     catalog: EnvironmentCatalog
     replica_id: str
     tokens: TokenStore
+    children: ChildRunner
+    tiny_model: TinyModelBuilder
     runs: Any = None  # the RunManager, set by the app (it needs the context to exist first)
     jobs: Any = None  # the JobRunner, likewise
     _lock_file: IO[str] | None = None
+    _warm_up: list[threading.Thread] = field(default_factory=list)
+    _warm_up_started: bool = False
 
     def claim_data_dir(self) -> None:
         """One service per data directory: two would both think they own the same runs."""
@@ -40,6 +51,31 @@ class AppContext:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+    def start_warm_up(self) -> None:
+        """The start-up work a first request would otherwise wait for (docs/RUNS.md#start-up-work), each part in
+        a background thread over a child process: every environment's config schema, and the local backend's tiny
+        model when it is the default backend's model. Requests that need either wait for it, not for a second one."""
+        if not self.settings.warm_up or self._warm_up_started:
+            return
+        self._warm_up_started = True
+        work: list[tuple[str, Callable[[], object]]] = [("environment schemas", self.catalog.warm)]
+        if (
+            self.settings.effective_default_backend == Backend.LOCAL
+            and not self.settings.local_base_model
+            and not self.tiny_model.built()
+        ):
+            work.append(("tiny model", self.tiny_model.ensure))
+        for name, task in work:
+            thread = threading.Thread(target=_warm, args=(name, task), name=f"warm-up {name}", daemon=True)
+            thread.start()
+            self._warm_up.append(thread)
+
+    def stop_children(self) -> None:
+        """End the service's own child processes still running (warm-up included); waits for their threads."""
+        self.children.close()
+        for thread in self._warm_up:
+            thread.join(timeout=30)
 
     def scrub(self, text: str) -> str:
         """The text with every configured secret replaced by ***."""
@@ -58,10 +94,17 @@ def replica_identity(settings: Settings) -> str:
 
 def build_context(settings: Settings) -> AppContext:
     settings.data_path.mkdir(parents=True, exist_ok=True)
+    children = ChildRunner()
+
+    def child_environment() -> dict[str, str]:
+        return child_process_environment(set(SECRET_ENV_NAMES))
+
     catalog = EnvironmentCatalog(
         directories=lambda: settings.environment_directories,
         schema_timeout_s=settings.schema_timeout_s,
-        child_environment=lambda: child_process_environment(set(SECRET_ENV_NAMES)),
+        child_environment=child_environment,
+        store_dir=settings.schema_store_dir,
+        children=children,
     )
     return AppContext(
         settings=settings,
@@ -69,4 +112,17 @@ def build_context(settings: Settings) -> AppContext:
         catalog=catalog,
         replica_id=replica_identity(settings),
         tokens=TokenStore(settings.tokens_path),
+        children=children,
+        tiny_model=TinyModelBuilder(settings.tiny_model_dir, children, child_environment),
     )
+
+
+def _warm(name: str, task: Callable[[], object]) -> None:
+    try:
+        task()
+    except ChildProcessError:
+        logger.debug("warm-up of the %s ended with the service", name)
+    except Exception as error:  # noqa: BLE001 - warm-up only saves time: the request that needs it tries again
+        logger.warning(
+            "warm-up of the %s failed (%s: %s); it is done when first needed", name, type(error).__name__, error
+        )

@@ -74,6 +74,11 @@ class Settings(BaseSettings):
     status_check_interval_s: float = Field(1800, ge=0, description="Minimum time between live status checks.")
     gsm8k_path: Path | None = Field(None, description="Directory with GSM8K train.jsonl and test.jsonl.")
     schema_timeout_s: float = Field(90, gt=0, description="Time-out for importing an environment.")
+    warm_up: bool = Field(
+        True,
+        description="At start-up, read every environment's config schema and build the local backend's tiny model "
+        "in the background, each in a child process (docs/RUNS.md#start-up-work).",
+    )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest JSON request body accepted.")
     job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")
     log_format: Literal["text", "json"] = "text"
@@ -243,6 +248,11 @@ class Settings(BaseSettings):
     @property
     def tiny_model_dir(self) -> Path:
         return default_tiny_model_dir(self.data_path)
+
+    @property
+    def schema_store_dir(self) -> Path:
+        """Environments' config schemas kept across restarts (docs/ENVIRONMENTS.md#config-schema)."""
+        return self.data_path / "cache" / "environment_schemas"
 
     @property
     def effective_default_backend(self) -> Backend:

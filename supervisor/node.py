@@ -137,6 +137,8 @@ def process_specs(layout: NodeLayout, plan: dict[str, Any]) -> list[ProcessSpec]
                 log_path=Path(layout.localize(entry["log_path"])),
                 ready=probe,
                 ready_timeout_s=float(entry["ready_timeout_s"]),
+                after=tuple(entry["after"]) if entry.get("after") is not None else None,
+                probe_after=tuple(entry.get("probe_after") or ()),
                 die_with_parent=True,
             )
         )

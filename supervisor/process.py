@@ -64,6 +64,12 @@ class ProcessSpec:
     log_path: Path
     ready: Callable[[], bool] | None = None  # answers True once the process serves
     ready_timeout_s: float = 60.0
+    # The roles that must be ready before this process is spawned (docs/RUNS.md#process-order); None: the process
+    # before it in the plan (each waits for its predecessor), () : at once.
+    after: tuple[str, ...] | None = None
+    # Roles that must be ready before this one's readiness is probed: it cannot be ready sooner, and its probe
+    # would only load them (the environment's probe asks the API, which answers 500 until an env registers).
+    probe_after: tuple[str, ...] = ()
     # Killed by the kernel when the supervising process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG): a node-side
     # supervisor on Ray (supervisor/node.py) has no service that would re-adopt its processes after its death.
     die_with_parent: bool = False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -79,22 +78,17 @@ def atropos_env_registered(api_url: str) -> AtroposEnvRegistered:
     return AtroposEnvRegistered(api_url)
 
 
-def wait_until_ready(
-    process: SupervisedProcess,
-    probe: Callable[[], bool] | None,
-    timeout_s: float,
-    cancel: threading.Event,
-    interval_s: float = 0.2,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if cancel.is_set():
-            raise StartupCancelled()
-        status = process.poll()
-        if status is not None:
-            raise ExitedDuringStartup(process.role, status)
-        if probe is None or probe():
-            return
-        if time.monotonic() >= deadline:
-            raise ReadinessTimeout(process.role, timeout_s)
-        cancel.wait(interval_s)
+READINESS_PROBE_INTERVAL_S = 0.2
+
+
+def is_ready(process: SupervisedProcess, probe: Callable[[], bool] | None, deadline: float, timeout_s: float) -> bool:
+    """One look at a starting process: True once its probe answers; ExitedDuringStartup when it has exited,
+    ReadinessTimeout once `deadline` (monotonic) has passed."""
+    status = process.poll()
+    if status is not None:
+        raise ExitedDuringStartup(process.role, status)
+    if probe is None or probe():
+        return True
+    if time.monotonic() >= deadline:
+        raise ReadinessTimeout(process.role, timeout_s)
+    return False

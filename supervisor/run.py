@@ -1,4 +1,5 @@
-"""A run's three processes: started in order, watched together, stopped in reverse order.
+"""A run's three processes: each spawned once the roles it waits for are ready (docs/RUNS.md#process-order),
+watched together, stopped in reverse order.
 
 Fate sharing (docs/RUNS.md#fate-sharing): when the trainer ends, the run ends (completed when it finished its
 steps, failed otherwise); when the API ends, the run fails; when the environment exits with code 0, the trainer
@@ -19,7 +20,13 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
-from supervisor.readiness import ExitedDuringStartup, ReadinessTimeout, StartupCancelled, wait_until_ready
+from supervisor.readiness import (
+    READINESS_PROBE_INTERVAL_S,
+    ExitedDuringStartup,
+    ReadinessTimeout,
+    StartupCancelled,
+    is_ready,
+)
 
 logger = logging.getLogger("rlctl.supervisor")
 
@@ -144,15 +151,43 @@ class RunSupervisor:
         self.events.finished(outcome)
 
     def _start_all(self) -> None:
+        """Spawn each process once the roles it waits for are ready (its spec's `after`), then wait until every
+        one is ready. A process that exits before it is ready, or is not ready within its time-out (counted from
+        its spawn), ends the start-up; so does a stop, and nothing more is spawned."""
         if self.plan.prepare is not None:
             self.plan.prepare()
-        for spec in self.plan.specs:
+        specs = self.plan.specs
+        waits_for = _dependencies(specs)
+        pending = list(specs)
+        ready: set[str] = set()
+        deadlines: dict[str, float] = {}
+        while len(ready) < len(specs):
             if self._stop.is_set():
                 raise StartupCancelled()
-            process = SupervisedProcess.spawn(spec)
-            self.processes[spec.role] = process
-            self.events.process_started(process)
-            wait_until_ready(process, spec.ready, spec.ready_timeout_s, self._stop)
+            for spec in [s for s in pending if waits_for[s.role] <= ready]:
+                if self._stop.is_set():
+                    raise StartupCancelled()
+                process = SupervisedProcess.spawn(spec)
+                self.processes[spec.role] = process
+                self.events.process_started(process)
+                deadlines[spec.role] = time.monotonic() + spec.ready_timeout_s
+                pending.remove(spec)
+            became_ready = False
+            for spec in specs:
+                if spec.role in ready or spec.role not in self.processes:
+                    continue
+                if not set(spec.probe_after) & set(waits_for) <= ready:
+                    status = self.processes[spec.role].poll()  # not probed yet, but an exit is seen at once
+                    if status is not None:
+                        raise ExitedDuringStartup(spec.role, status)
+                    if time.monotonic() >= deadlines[spec.role]:
+                        raise ReadinessTimeout(spec.role, spec.ready_timeout_s)
+                    continue
+                if is_ready(self.processes[spec.role], spec.ready, deadlines[spec.role], spec.ready_timeout_s):
+                    ready.add(spec.role)
+                    became_ready = True
+            if not became_ready and len(ready) < len(specs):
+                self._stop.wait(READINESS_PROBE_INTERVAL_S)
 
     def _watch(self) -> Outcome:
         progress, progress_at = self.plan.progress(), time.monotonic()
@@ -240,6 +275,17 @@ class RunSupervisor:
             return
         self._reported.add(role)
         self.events.process_exited(self.processes[role], status)
+
+
+def _dependencies(specs: list[ProcessSpec]) -> dict[str, set[str]]:
+    """The roles each process waits for: its `after`, else the process before it; roles not in the plan are
+    not waited for."""
+    roles = {spec.role for spec in specs}
+    waits_for: dict[str, set[str]] = {}
+    for index, spec in enumerate(specs):
+        after = spec.after if spec.after is not None else ((specs[index - 1].role,) if index else ())
+        waits_for[spec.role] = set(after) & roles
+    return waits_for
 
 
 def _may_drain(status: ExitStatus) -> bool:

@@ -76,6 +76,9 @@ def build_settings(data_dir: Path, database_url: str, **overrides: Any) -> Setti
         "data_dir": data_dir,
         "database_url": database_url,
         "gsm8k_path": TEST_DATA / "gsm8k",
+        # Hundreds of apps start in a session: each would read every schema and build a tiny model at start-up
+        # (docs/RUNS.md#start-up-work). Tests of that work turn it on; `rlctl serve` processes keep the default.
+        "warm_up": False,
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)

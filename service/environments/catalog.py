@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.children import ChildRunner
 from service.environments.discovery import (
     DiscoveryError,
     EnvironmentInfo,
@@ -27,6 +29,11 @@ from service.names import validate_name
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # Suffixes a name may carry and still mean the environment without it (the Hermes tools' names).
 ALIAS_SUFFIXES = ("_tinker", "-tinker", "_env")
+# Part of every stored schema's key: a change to what the child writes, or how it is read, starts afresh.
+SCHEMA_STORE_VERSION = 1
+# The child's environment variables that take part in the stored key (an environment's config_init() may read
+# them, e.g. RLCTL_DATA_DIR for its default tokenizer); secrets never reach the child, so never the key.
+KEYED_ENVIRONMENT_PREFIXES = ("RLCTL_", "HF_", "TRANSFORMERS_", "PYTHONPATH")
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,14 @@ class EnvironmentCatalog:
         directories: Callable[[], list[Path]],
         schema_timeout_s: float,
         child_environment: Callable[[], Mapping[str, str]],
+        store_dir: Path | None = None,
+        children: ChildRunner | None = None,
     ) -> None:
         self._directories = directories
         self._schema_timeout_s = schema_timeout_s
         self._child_environment = child_environment
+        self._store = SchemaStore(store_dir) if store_dir is not None else None
+        self._children = children or ChildRunner()
         self._scans: dict[Path, tuple[FileSignature, FileScan]] = {}
         self._schemas: dict[tuple[Path, str, tuple[Any, ...]], ConfigSchema] = {}
         self._lock = threading.Lock()
@@ -100,23 +111,88 @@ class EnvironmentCatalog:
         )
 
     def config_schema(self, env: EnvironmentInfo) -> ConfigSchema:
-        """Import the environment in a child process (once per version of its directory) and read its config."""
-        key = (env.file_path, env.class_name, _directory_signature(env.file_path.parent))
+        """The environment's config schema: kept in memory per version of its directory, and on disk (the schema
+        store) by the content of its directory, so a restarted service reads it back; otherwise imported in a
+        child process now. One child per file at a time; later callers get its result."""
+        key = self._memory_key(env)
         with self._lock:
             cached = self._schemas.get(key)
             file_lock = self._schema_locks.setdefault(env.file_path, threading.Lock())
         if cached:
             return cached
-        with file_lock:  # one child per environment at a time; later callers get the cached result
-            with self._lock:
-                cached = self._schemas.get(key)
-            if cached:
-                return cached
-            schema = self._introspect(env)
-            with self._lock:
-                self._schemas = {k: v for k, v in self._schemas.items() if k[:2] != key[:2]}
-                self._schemas[key] = schema
+        with file_lock:
+            schema = self._known(env, key)
+            if schema is None:
+                schema = self._introspect(env)
+                self._keep(env, key, schema, stored=False)
             return schema
+
+    def warm(self) -> None:
+        """Read every discovered environment's schema that is not known yet (docs/ENVIRONMENTS.md#config-schema):
+        one child per directory for all of its environments, holding their files' locks meanwhile, so a caller
+        that asks for one of them waits for this child instead of starting its own. A class the child could not
+        describe is left to be read (and its error reported) when asked for."""
+        environments, _ = self.discover()
+        by_directory: dict[Path, list[EnvironmentInfo]] = {}
+        for env in environments:
+            by_directory.setdefault(env.file_path.parent, []).append(env)
+        for envs in by_directory.values():
+            self._warm_directory(envs)
+
+    def _warm_directory(self, envs: list[EnvironmentInfo]) -> None:
+        with self._lock:
+            locks = [
+                self._schema_locks.setdefault(path, threading.Lock()) for path in sorted({e.file_path for e in envs})
+            ]
+        for lock in locks:  # always in path order: config_schema holds at most one of them
+            lock.acquire()
+        try:
+            pending = [(env, key) for env in envs if self._known(env, key := self._memory_key(env)) is None]
+            if not pending:
+                return
+            for (env, key), schema in zip(pending, self._introspect_many([env for env, _ in pending]), strict=True):
+                if schema is not None:
+                    self._keep(env, key, schema, stored=False)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    def _memory_key(self, env: EnvironmentInfo) -> tuple[Path, str, tuple[Any, ...]]:
+        return (env.file_path, env.class_name, _directory_signature(env.file_path.parent))
+
+    def _known(self, env: EnvironmentInfo, key: tuple[Path, str, tuple[Any, ...]]) -> ConfigSchema | None:
+        """The schema in memory, else the stored one (then kept in memory too); None when neither has it."""
+        with self._lock:
+            cached = self._schemas.get(key)
+        if cached is not None or self._store is None:
+            return cached
+        stored = self._store.load(self._store_key(env))
+        if stored is not None:
+            self._keep(env, key, stored, stored=True)
+        return stored
+
+    def _keep(
+        self, env: EnvironmentInfo, key: tuple[Path, str, tuple[Any, ...]], schema: ConfigSchema, stored: bool
+    ) -> None:
+        with self._lock:
+            self._schemas = {k: v for k, v in self._schemas.items() if k[:2] != key[:2]}
+            self._schemas[key] = schema
+        if self._store is not None and not stored:
+            self._store.save(self._store_key(env), schema)
+
+    def _store_key(self, env: EnvironmentInfo) -> str:
+        """Everything the child's answer depends on: the file, the class, the content of every Python file beside
+        it (its bases may live there), the interpreter and the keyed part of the child's environment."""
+        child = self._child_environment()
+        parts = {
+            "version": SCHEMA_STORE_VERSION,
+            "file": str(env.file_path),
+            "class": env.class_name,
+            "files": _directory_digest(env.file_path.parent),
+            "python": sys.executable,
+            "environment": sorted((k, v) for k, v in child.items() if k.startswith(KEYED_ENVIRONMENT_PREFIXES)),
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
     def _scan(self, path: Path) -> FileScan:
         try:
@@ -134,43 +210,89 @@ class EnvironmentCatalog:
     def _introspect(self, env: EnvironmentInfo) -> ConfigSchema:
         with tempfile.TemporaryDirectory(prefix="rlctl-introspect-") as tmp:
             output = Path(tmp) / "schema.json"
-            command = [
-                sys.executable,
-                "-m",
-                "service.environments.introspect",
-                str(env.file_path),
-                env.class_name,
-                str(output),
-            ]
+            arguments = [str(env.file_path), env.class_name, str(output)]
             try:
-                completed = subprocess.run(
-                    command,
-                    cwd=REPO_ROOT,
-                    env=dict(self._child_environment()),
-                    capture_output=True,
-                    timeout=self._schema_timeout_s,
-                    start_new_session=True,
-                )
+                completed = self._run_child(arguments, self._schema_timeout_s)
             except subprocess.TimeoutExpired as exc:
                 raise EnvironmentLoadFailed(
                     f"importing environment {env.name!r} took longer than {self._schema_timeout_s:g} s",
                     {"name": env.name},
                 ) from exc
             result = _read_result(output)
-        if not result or not result.get("ok"):
-            reason = (result or {}).get("error") or _tail(completed.stderr)
-            trace = (result or {}).get("traceback") or _tail(completed.stderr, 20).split(" | ")
+        if not isinstance(result, dict) or not result.get("ok"):
+            result = result if isinstance(result, dict) else {}
+            reason = result.get("error") or _tail(completed.stderr)
+            trace = result.get("traceback") or _tail(completed.stderr, 20).split(" | ")
             raise EnvironmentLoadFailed(
                 f"environment {env.name!r} could not be loaded: {reason}", {"name": env.name, "traceback": trace}
             )
-        return ConfigSchema(
-            config_class=result["config_class"],
-            fields=tuple(FieldSchema(**f) for f in result["fields"]),
-            defs=result["defs"],
+        return _schema_of(result)
+
+    def _introspect_many(self, envs: list[EnvironmentInfo]) -> list[ConfigSchema | None]:
+        """One child for several environments of one directory; None for each it could not describe (the whole
+        batch when the child fails or runs out of time: each is then read on its own when asked for)."""
+        timeout_s = self._schema_timeout_s * len(envs)
+        with tempfile.TemporaryDirectory(prefix="rlctl-introspect-") as tmp:
+            requests, output = Path(tmp) / "requests.json", Path(tmp) / "schemas.json"
+            requests.write_text(json.dumps([[str(env.file_path), env.class_name] for env in envs]))
+            try:
+                self._run_child(["--batch", str(requests), str(output)], timeout_s)
+            except (subprocess.TimeoutExpired, OSError):  # ChildProcessError (the service stopping) included
+                return [None] * len(envs)
+            results = _read_result(output)
+        if not isinstance(results, list) or len(results) != len(envs):
+            return [None] * len(envs)
+        return [_schema_of(r) if isinstance(r, dict) and r.get("ok") else None for r in results]
+
+    def _run_child(self, arguments: list[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
+        return self._children.run(
+            [sys.executable, "-m", "service.environments.introspect", *arguments],
+            env=self._child_environment(),
+            cwd=REPO_ROOT,
+            timeout_s=timeout_s,
         )
 
 
-def _read_result(output: Path) -> dict[str, Any] | None:
+class SchemaStore:
+    """Config schemas on disk, one JSON file per key (`{data_dir}/cache/environment_schemas/`). A file that
+    cannot be read is a miss; a write goes to a temporary name first, so a reader never sees half of one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def load(self, key: str) -> ConfigSchema | None:
+        result = _read_result(self.directory / f"{key}.json")
+        if not isinstance(result, dict):
+            return None
+        try:
+            return _schema_of(result)
+        except (KeyError, TypeError):
+            return None
+
+    def save(self, key: str, schema: ConfigSchema) -> None:
+        body = {
+            "config_class": schema.config_class,
+            "fields": [field.__dict__ for field in schema.fields],
+            "defs": schema.defs,
+        }
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            staging = self.directory / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+            staging.write_text(json.dumps(body))
+            staging.replace(self.directory / f"{key}.json")
+        except (OSError, TypeError, ValueError):
+            return  # the store only saves time: the schema stays in memory
+
+
+def _schema_of(result: dict[str, Any]) -> ConfigSchema:
+    return ConfigSchema(
+        config_class=result["config_class"],
+        fields=tuple(FieldSchema(**f) for f in result["fields"]),
+        defs=result["defs"],
+    )
+
+
+def _read_result(output: Path) -> Any:
     try:
         return json.loads(output.read_text())
     except (OSError, ValueError):
@@ -203,6 +325,17 @@ def _directory_signature(directory: Path) -> tuple[Any, ...]:
             continue
         entries.append((path.name, stat.st_mtime_ns, stat.st_size))
     return tuple(entries)
+
+
+def _directory_digest(directory: Path) -> list[tuple[str, str]]:
+    """The content of every Python file beside an environment, by SHA-256."""
+    digests = []
+    for path in sorted(directory.glob("*.py")):
+        try:
+            digests.append((path.name, hashlib.sha256(path.read_bytes()).hexdigest()))
+        except OSError:
+            continue
+    return digests
 
 
 def child_process_environment(secret_names: set[str]) -> dict[str, str]:

@@ -1,9 +1,12 @@
 """Run in a child process: import one environment file and describe its config class.
 
     python -m service.environments.introspect FILE CLASS OUTPUT_JSON
+    python -m service.environments.introspect --batch REQUESTS_JSON OUTPUT_JSON
 
 The API process never imports environment code (it may be slow, crash or hang); this module does, with a
-time-out set by the caller. Defaults are the values `config_init()` returns, not the class defaults.
+time-out set by the caller. Defaults are the values `config_init()` returns, not the class defaults. The batch
+form reads `[[FILE, CLASS], ...]` (files of one directory) and writes one result per pair, in order: atroposlib
+and its dependencies, most of a child's seconds, are imported once for all of them.
 """
 
 from __future__ import annotations
@@ -85,17 +88,26 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def main(argv: list[str]) -> int:
-    file_path, class_name, output = Path(argv[0]), argv[1], Path(argv[2])
+def described(file_path: Path, class_name: str) -> dict[str, Any]:
+    """The result the parent reads for one class: its description, or the error that stopped it."""
     try:
-        result: dict[str, Any] = {"ok": True, **describe(file_path, class_name)}
+        return {"ok": True, **describe(file_path, class_name)}
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, nothing raised
-        result = {
+        return {
             "ok": False,
             "error": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc().strip().splitlines()[-TRACEBACK_LINES:],
         }
-    output.write_text(json.dumps(result, default=_json_default))
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "--batch":
+        requests, output = json.loads(Path(argv[1]).read_text()), Path(argv[2])
+        results = [described(Path(file), class_name) for file, class_name in requests]
+        output.write_text(json.dumps(results, default=_json_default))
+        return 0
+    file_path, class_name, output = Path(argv[0]), argv[1], Path(argv[2])
+    output.write_text(json.dumps(described(file_path, class_name), default=_json_default))
     return 0
 
 

@@ -34,6 +34,9 @@ def process_specs(
     backend: str,
     wandb_mode: WandbMode = WandbMode.DISABLED,
 ) -> list[ProcessSpec]:
+    """The three processes, all spawned at once (docs/RUNS.md#process-order): the trainer waits for the API
+    itself, and the environment's registration waits for it (the environment hook); the environment registers
+    only once the trainer has (Atropos answers it "wait for trainer to start" until then)."""
     api_url = f"http://127.0.0.1:{ports.api}"
     config = str(paths.config)
     return [
@@ -45,6 +48,7 @@ def process_specs(
             log_path=paths.log(API),
             ready=http_answers(f"{api_url}/"),
             ready_timeout_s=settings.api_ready_timeout_s,
+            after=(),
         ),
         ProcessSpec(
             role=TRAINER,
@@ -54,6 +58,7 @@ def process_specs(
             log_path=paths.log(TRAINER),
             ready=http_answers(f"http://127.0.0.1:{ports.inference}/health"),
             ready_timeout_s=settings.trainer_ready_timeout_s,
+            after=(),
         ),
         ProcessSpec(
             role=ENV,
@@ -63,6 +68,8 @@ def process_specs(
             log_path=paths.log(ENV),
             ready=atropos_env_registered(api_url),
             ready_timeout_s=settings.env_ready_timeout_s,
+            after=(),
+            probe_after=(TRAINER,),  # it registers only after the trainer has
         ),
     ]
 
@@ -83,6 +90,8 @@ def environment_environment(settings: Settings, paths: RunPaths, wandb_mode: Wan
     env = _base_environment()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENV_HOOKS_DIR), env.get("PYTHONPATH", "")]))
     env["RLCTL_ENV_METRICS_PATH"] = str(paths.env_metrics)
+    # It starts beside the API: its registration waits this long for the API to answer (envhooks).
+    env["RLCTL_ENV_API_WAIT_S"] = f"{settings.api_ready_timeout_s:g}"
     if settings.gsm8k_path:
         env["RLCTL_GSM8K_PATH"] = str(Path(settings.gsm8k_path).expanduser().resolve())
     env.update(wandb_environment(settings, wandb_mode))

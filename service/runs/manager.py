@@ -28,7 +28,6 @@ from supervisor.executor import Executor, ProcessRecord
 from supervisor.local import LocalExecutor
 from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
 from supervisor.run import TRAINER, Failure, Outcome, RunPlan
-from trainer.tiny_model import init_tiny_model
 
 logger = logging.getLogger("rlctl.runs")
 
@@ -245,13 +244,14 @@ class RunManager:
         )
 
     def _preparation(self, backend: str) -> Callable[[], None] | None:
-        """The local backend's default model is built on first use, before the trainer and env load it."""
-        settings = self.ctx.settings
-        if backend != "local" or settings.local_base_model:
+        """The local backend's default model is built before the trainer and env load it: in a child process,
+        once (a build the start-up began is waited for, docs/RUNS.md#start-up-work)."""
+        if backend != "local" or self.ctx.settings.local_base_model:
             return None
+        tiny_model = self.ctx.tiny_model
 
         def prepare() -> None:
-            init_tiny_model(settings.tiny_model_dir)
+            tiny_model.ensure()
 
         return prepare
 

@@ -165,6 +165,8 @@ def _process(tokens: _Tokens, spec: ProcessSpec, argv: list[str]) -> NodeProcess
         log_path=tokens.text(str(spec.log_path)),
         ready={"kind": str(kind), "url": str(url)} if kind and url else {},
         ready_timeout_s=spec.ready_timeout_s,
+        after=list(spec.after) if spec.after is not None else None,
+        probe_after=list(spec.probe_after),
     )
 
 

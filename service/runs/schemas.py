@@ -297,6 +297,8 @@ class NodeProcess(BaseModel):
     log_path: str
     ready: dict[str, str]  # {"kind": "http" | "atropos", "url": ...}
     ready_timeout_s: float
+    after: list[ProcessRole] | None = None  # roles ready before it is spawned; None: the one before it
+    probe_after: list[ProcessRole] = []  # roles ready before its readiness is probed
 
 
 class NodeSupervision(BaseModel):

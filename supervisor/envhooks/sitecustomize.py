@@ -3,15 +3,24 @@
 It copies what an Atropos environment logs (`train/percent_correct`, `eval/percent_correct`, ...) to the
 append-only file in RLCTL_ENV_METRICS_PATH, so the control plane sees environment metrics with or without
 W&B. Any environment works unchanged: the hook wraps `BaseEnv.wandb_log`, which every environment reaches.
+
+The environment is started beside the run's Atropos API, not after it (docs/RUNS.md#process-order): with
+RLCTL_ENV_API_WAIT_S set, `BaseEnv.register_env` first waits up to that many seconds for the API to answer, so
+atroposlib's three quick registration attempts are never spent on an API that is still starting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
 import time
+import urllib.error
+import urllib.request
 from typing import Any
+
+API_PROBE_INTERVAL_S = 0.2
 
 
 def _install() -> None:
@@ -30,7 +39,32 @@ def _install() -> None:
         return await original(self, wandb_metrics)
 
     BaseEnv.wandb_log = wandb_log
+    _wait_for_the_api(BaseEnv)
     _guard_wandb_init()
+
+
+def _wait_for_the_api(base_env: Any) -> None:
+    wait_s = float(os.environ.get("RLCTL_ENV_API_WAIT_S") or 0)
+    if wait_s <= 0:
+        return
+    original = base_env.register_env
+
+    async def register_env(self: Any) -> Any:
+        url = str(self.config.rollout_server_url).rstrip("/") + "/"
+        deadline = time.monotonic() + wait_s
+        while not await asyncio.to_thread(_answers, url) and time.monotonic() < deadline:
+            await asyncio.sleep(API_PROBE_INTERVAL_S)
+        return await original(self)  # past the deadline too: atroposlib's own attempts then report it
+
+    base_env.register_env = register_env
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:  # noqa: S310 - the run's loopback API
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def _guard_wandb_init() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -256,3 +257,104 @@ def test_detach_leaves_the_processes_running(tmp_path: Path, supervisors: list) 
     finally:
         for process in processes.values():
             process.terminate(grace_s=2)
+
+
+def at_once(spec: ProcessSpec, after: tuple[str, ...] = ()) -> ProcessSpec:
+    return dataclasses.replace(spec, after=after)
+
+
+def test_processes_that_wait_for_nothing_are_spawned_at_once(tmp_path: Path, supervisors: list) -> None:
+    """A run's plan (service/runs/launch.py) spawns all three at once: the trainer is spawned while the API is
+    still not ready, and the run is running only once every process is ready."""
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        at_once(fake(tmp_path, API, "--ready-after", "3", port=api_port)),
+        at_once(fake(tmp_path, TRAINER, port=trainer_port)),
+        at_once(fake(tmp_path, ENV)),
+    ]
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    assert events.started == [API, TRAINER, ENV]
+    api_log = (tmp_path / "api.log").stat().st_mtime
+    env_log = (tmp_path / "env.log").stat().st_mtime
+    assert env_log - api_log < 2.5  # spawned before the API's 3 s to readiness were over
+    assert all(supervisor.processes[role].poll() is None for role in (API, TRAINER, ENV))
+
+
+def test_a_process_waits_only_for_the_roles_it_names(tmp_path: Path, supervisors: list) -> None:
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        at_once(fake(tmp_path, API, "--ready-after", "1.5", port=api_port)),
+        at_once(fake(tmp_path, TRAINER, "--ready-after", "600", port=trainer_port, timeout=600)),
+        at_once(fake(tmp_path, ENV), after=(API,)),
+    ]
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: ENV in events.started, timeout=60, message="env spawned once the API is ready")
+    api_log = (tmp_path / "api.log").stat().st_mtime
+    env_log = (tmp_path / "env.log").stat().st_mtime
+    assert env_log - api_log >= 1.0
+    assert events.running_at is None  # the trainer is not ready yet
+
+
+def test_a_stop_while_all_start_at_once_stops_them_all(tmp_path: Path, supervisors: list) -> None:
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        at_once(fake(tmp_path, API, port=api_port)),
+        at_once(fake(tmp_path, TRAINER, "--ready-after", "600", port=trainer_port, timeout=600)),
+        at_once(fake(tmp_path, ENV)),
+    ]
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: len(events.started) == 3, timeout=60, message="all spawned")
+    supervisor.stop()
+    assert events.done.wait(30)
+    assert events.outcome == Outcome("stopped")
+    assert list(events.exited) == [ENV, TRAINER, API]
+
+
+def test_a_process_exiting_while_another_starts_fails_the_run_naming_it(tmp_path: Path, supervisors: list) -> None:
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        at_once(fake(tmp_path, API, port=api_port)),
+        at_once(fake(tmp_path, TRAINER, "--ready-after", "600", port=trainer_port, timeout=600)),
+        at_once(fake(tmp_path, ENV, "--port", str(free_ports(1)[0]), "--exit-after", "0.5", "--code", "3")),
+    ]
+    specs[2] = dataclasses.replace(specs[2], ready=http_answers("http://127.0.0.1:9/never"))
+    supervisor, events = run(supervisors, plan(specs))
+    assert events.done.wait(60)
+    failure = events.outcome.failure
+    assert failure.kind == "process_exited" and failure.process == ENV and failure.exit_code == 3
+    assert set(events.exited) == {API, TRAINER, ENV}
+
+
+def test_each_readiness_time_out_counts_from_its_own_spawn(tmp_path: Path, supervisors: list) -> None:
+    api_port, trainer_port = free_ports(2)
+    specs = [
+        at_once(fake(tmp_path, API, port=api_port)),
+        at_once(fake(tmp_path, TRAINER, "--ready-after", "600", port=trainer_port, timeout=1.0)),
+        at_once(fake(tmp_path, ENV)),
+    ]
+    supervisor, events = run(supervisors, plan(specs))
+    assert events.done.wait(60)
+    assert events.outcome.failure.kind == "readiness_timeout" and events.outcome.failure.process == TRAINER
+
+
+def test_a_probe_waits_for_the_roles_it_names(tmp_path: Path, supervisors: list) -> None:
+    """The environment's probe asks the API, which answers 500 until an environment registered: it is not asked
+    before the trainer is ready."""
+    api_port, trainer_port = free_ports(2)
+    probed: list[float] = []
+
+    def env_probe() -> bool:
+        probed.append(time.monotonic())
+        return True
+
+    specs = [
+        at_once(fake(tmp_path, API, port=api_port)),
+        at_once(fake(tmp_path, TRAINER, "--ready-after", "2", port=trainer_port)),
+        dataclasses.replace(at_once(fake(tmp_path, ENV)), ready=env_probe, probe_after=(TRAINER,)),
+    ]
+    started = time.monotonic()
+    supervisor, events = run(supervisors, plan(specs))
+    wait_until(lambda: events.running_at, timeout=60, message="running")
+    assert probed and min(probed) - started >= 2.0
+    assert events.started == [API, TRAINER, ENV]

@@ -1,0 +1,166 @@
+"""Start-up benchmark: POST /runs -> `running` for an offline echo run on the local backend (issue 18).
+
+    .venv/bin/python benchmarks/startup.py [--repo PATH] [--together 10] [--first-after 0]
+
+A real `rlctl serve` of the checkout at --repo (default: this one; its .venv's Python) starts on a fresh data
+directory and SQLite. Then, one after another:
+- the first run, POSTed as soon as /readyz answers (after --first-after seconds): it includes whatever the
+  service still has to do once (config schema, tiny model);
+- a later run, alone (the lone start);
+- --together runs POSTed at once: each one's POST -> running, and the slowest against the lone start.
+Each run is stopped (and waited for) before the next measure. Prints the load average before and after; the
+goal is first and lone <= 6 s on an idle machine, and every run of the ten <= 2x the lone start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from supervisor.ports import free_ports  # noqa: E402
+
+TERMINAL = ("failed", "completed", "stopped")
+ANSWERED: list[float] = []  # seconds each POST /runs took to answer (201)
+CREATED: list[str] = []  # every run started, stopped before the service ends (runs outlive their service)
+POLL_S = 0.1  # ten runs polled at once: 100 reads a second, a small load beside ten start-ups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout whose service is measured")
+    parser.add_argument("--together", type=int, default=10, help="runs started at once")
+    parser.add_argument("--first-after", type=float, default=0.0, help="seconds between /readyz and the first POST")
+    args = parser.parse_args()
+    repo = args.repo.resolve()
+    print(f"repo {repo}  load before: {_load()}")
+    with tempfile.TemporaryDirectory(prefix="rlctl-startup-") as tmp, _service(repo, Path(tmp)) as (client, ready_s):
+        print(f"service start -> /readyz:      {ready_s:6.2f} s")
+        time.sleep(args.first_after)
+        first = _start_and_stop(client)
+        print(
+            f"first run  POST -> running:    {first:6.2f} s   (/readyz + {args.first_after:g} s; "
+            f"the POST answered in {ANSWERED[0]:.2f} s)"
+        )
+        lone = _start_and_stop(client)
+        print(f"later run  POST -> running:    {lone:6.2f} s   (the lone start; answered in {ANSWERED[1]:.2f} s)")
+        with ThreadPoolExecutor(args.together) as pool:
+            together = list(pool.map(lambda _: _to_running(client), range(args.together)))
+        for run_id, _ in together:
+            _retried(lambda run_id=run_id: client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}))
+        times = sorted(seconds for _, seconds in together)
+        print(
+            f"{args.together} together POST -> running: min {times[0]:.2f}  median {statistics.median(times):.2f}  "
+            f"max {times[-1]:.2f} s   slowest / lone: {times[-1] / lone:.2f}x"
+        )
+    print(f"load after: {_load()}")
+
+
+def _start_and_stop(client: httpx.Client) -> float:
+    run_id, seconds = _to_running(client)
+    _retried(lambda: client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}))
+    return seconds
+
+
+def _to_running(client: httpx.Client) -> tuple[str, float]:
+    started = time.monotonic()
+    body = {"environment": "echo", "backend": "local", "idempotency_key": uuid.uuid4().hex}
+    run_id = _retried(lambda: client.post("/runs", json=body)).json()["id"]
+    CREATED.append(run_id)
+    ANSWERED.append(time.monotonic() - started)
+    deadline = started + 900
+    while time.monotonic() < deadline:
+        run = _retried(lambda: client.get(f"/runs/{run_id}")).json()
+        if run["status"] == "running":
+            return run_id, time.monotonic() - started
+        if run["status"] in TERMINAL:
+            raise RuntimeError(f"run {run_id} ended {run['status']}: {run.get('failure')}")
+        time.sleep(POLL_S)
+    raise TimeoutError(f"run {run_id} was not running within 900 s")
+
+
+def _retried(call: Callable[[], httpx.Response]) -> httpx.Response:
+    """A kept-alive connection the server closed meanwhile is tried again (the POST is idempotent by its key)."""
+    for attempt in range(5):
+        try:
+            response = call()
+            response.raise_for_status()
+            return response
+        except httpx.TransportError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _service:
+    """`rlctl serve` of `repo` on a fresh data directory; yields a client and the seconds until /readyz."""
+
+    def __init__(self, repo: Path, tmp: Path) -> None:
+        self.repo, self.tmp = repo, tmp
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> tuple[httpx.Client, float]:
+        port = free_ports(1)[0]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
+        env.update(
+            RLCTL_DATA_DIR=str(self.tmp / "var"),
+            RLCTL_LOCAL_TOTAL_STEPS="100000",
+            RLCTL_LOG_LEVEL="WARNING",
+            RLCTL_STOP_GRACE_S="5",
+        )
+        python = self.repo / ".venv" / "bin" / "python"
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            [str(python), "-m", "service.cli", "serve", "--port", str(port)],
+            cwd=self.repo,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.tmp / "service.log").open("wb"),
+        )
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+        deadline = started + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the service exited: {(self.tmp / 'service.log').read_text()[-2000:]}")
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return self.client, time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("the service was not ready within 300 s")
+
+    def __exit__(self, *exc: object) -> None:
+        for run_id in CREATED:
+            try:
+                if self.client.get(f"/runs/{run_id}").json()["status"] not in TERMINAL:
+                    self.client.post(f"/runs/{run_id}/stop", params={"wait_s": 120})
+            except httpx.HTTPError as error:
+                print(f"could not stop run {run_id}: {error}", file=sys.stderr)
+        self.client.close()
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=60)
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
