@@ -170,9 +170,10 @@ def batch(client: httpx.Client, runs: int, steps: int) -> float:
     dataset_id = scored_dataset(client, groups=2 * steps)  # 2 groups of 4 replies fill one batch of 8: one step
     started = time.monotonic()
     ids = [post_offline_run(client, dataset_id) for _ in range(runs)]
-    for run_id in ids:
+    for index, run_id in enumerate(ids, 1):
         run = wait_status(client, run_id, {"completed"}, timeout_s=3600)
         assert run["last_step"] == steps, run
+        print(f"  run {index}/{runs} completed at {time.monotonic() - started:.0f} s; load {os.getloadavg()[0]:.1f}")
     return time.monotonic() - started
 
 

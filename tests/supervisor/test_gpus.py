@@ -196,6 +196,12 @@ def test_a_re_adopted_run_holds_the_gpus_its_handle_names(tmp_path: Path) -> Non
         restarted.stop("kept")
         assert adopted.done.wait(scaled(30))
     assert restarted.gpus.free() == ["0", "1"]
+    # A run that was still starting when the service went fails (its start-up died with it) and holds nothing.
+    interrupted = Events()
+    assert restarted.adopt(trainer_plan(tmp_path, "half"), interrupted, "gpus:1", [], starting=True)
+    assert interrupted.outcome is not None and interrupted.outcome.failure is not None
+    assert interrupted.outcome.failure.kind == "startup_error"
+    assert restarted.gpus.free() == ["0", "1"]
 
 
 # --- on a Ray node ---

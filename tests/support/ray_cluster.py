@@ -37,6 +37,7 @@ NODE_MEMORY_BYTES = 3 * 1_000_000_000
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's smallest allowed store is 75 MiB
 WORKER_PORTS = 24  # per node: Ray's workers (a job's supervisor actor, idle workers) each listen on one
 STOP_GRACE_S = 10
+START_ATTEMPTS = 3  # `ray start` waits a fixed 30 s for its processes, which a loaded 2-core machine can miss
 
 
 def _free_ports(count: int) -> list[int]:
@@ -96,11 +97,16 @@ class RayCluster:
 
     def _ray(self, *args: str, data: str, timeout: float = 180) -> None:
         env = {**self.env, "RLCTL_NODE_DATA_DIR": str(self.node_data_dir(data))}
-        result = subprocess.run(
-            [RAY, *args], env=env, capture_output=True, text=True, timeout=scaled(timeout), stdin=subprocess.DEVNULL
-        )
+        try:
+            result = subprocess.run(
+                [RAY, *args], env=env, capture_output=True, text=True, timeout=scaled(timeout), stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"ray {' '.join(args)} took over {scaled(timeout):g} s") from None
         if result.returncode != 0:
-            raise RuntimeError(f"ray {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            output = f"{result.stdout}\n{result.stderr}"
+            reasons = [line for line in output.splitlines() if any(word in line for word in ("Error", "Exception"))]
+            raise RuntimeError(f"ray {' '.join(args)} failed: {reasons[-5:]}\n{output[-3000:]}")
 
     def start(self) -> None:
         common = [
@@ -110,27 +116,35 @@ class RayCluster:
             f"--object-store-memory={OBJECT_STORE_BYTES}",
             "--disable-usage-stats",
         ]
-        self._ray(
-            "start",
-            "--head",
-            f"--port={self.gcs_port}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={self.dashboard_port}",
-            "--include-dashboard=true",
-            f"--ray-client-server-port={_free_port()}",
-            f"--temp-dir={self.root / 'ray'}",
-            "--num-gpus=0",
-            *common,
-            *node_ports(),
-            data="head",
-        )
+        for attempt in range(1, START_ATTEMPTS + 1):  # the head has fixed start-up time-outs too
+            try:
+                self._ray(
+                    "start",
+                    "--head",
+                    f"--port={self.gcs_port}",
+                    "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={self.dashboard_port}",
+                    "--include-dashboard=true",
+                    f"--ray-client-server-port={_free_port()}",
+                    f"--temp-dir={self.root / 'ray'}",
+                    "--num-gpus=0",
+                    *common,
+                    *node_ports(),
+                    data="head",
+                )
+                break
+            except RuntimeError:
+                if attempt == START_ATTEMPTS:
+                    raise
+                _end(leftover_processes(self.root, by_environment=True))
+                self.gcs_port, self.dashboard_port = _free_ports(2)
         if self.nodes > 1:
             self._start_worker(common)
         wait_until(
             lambda: len(self.alive_nodes()) == self.nodes, timeout=scaled(120), interval=1, message="Ray nodes up"
         )
 
-    def _start_worker(self, common: list[str], attempts: int = 3) -> None:
+    def _start_worker(self, common: list[str], attempts: int = START_ATTEMPTS) -> None:
         """The second node. `ray start` gives a joining raylet a fixed 30 s to register, which a loaded 2-core
         machine can miss: then that attempt's processes are ended and it starts again, on fresh ports."""
         for attempt in range(1, attempts + 1):
