@@ -3,6 +3,11 @@
 Each run is one RunSupervisor thread (supervisor/run.py). Its limits: RLCTL_MAX_CONCURRENT_RUNS admitted runs at
 once, the host's GPUs, and the host's free memory (what the kernel reports available, less what the runs still
 starting have been promised but not yet taken). CPU cores are not a limit: runs share them.
+
+GPUs are assigned, not only counted: on a host with GPUs each run gets the lowest free GPU ids it asked for (none
+for a run that asked for none), and its processes see exactly those (CUDA_VISIBLE_DEVICES), so concurrent runs
+never share a GPU. The assignment is the run's handle (`gpus:0,1`), stored with the run, so a restarted service
+holds the same GPUs for the runs it re-adopts.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -24,19 +29,97 @@ logger = logging.getLogger("rlctl.supervisor")
 
 GB = 1_000_000_000
 NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the NVIDIA driver sees
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+GPU_HANDLE_PREFIX = "gpus:"
 
 
 @dataclass(frozen=True)
 class Host:
-    """What this machine has: cores, GPUs, total memory."""
+    """What this machine has: cores, GPUs (and the ids CUDA knows them by), total memory."""
 
     cpus: int
     gpus: int
     memory_gb: float
+    gpu_ids: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.gpu_ids:
+            object.__setattr__(self, "gpu_ids", tuple(str(index) for index in range(self.gpus)))
+        elif len(self.gpu_ids) != self.gpus:
+            raise ValueError(f"{self.gpus} GPUs but {len(self.gpu_ids)} GPU ids: {self.gpu_ids}")
 
     @classmethod
-    def detect(cls) -> Host:
-        return cls(os.cpu_count() or 1, count_gpus(), psutil.virtual_memory().total / GB)
+    def detect(cls, environ: Mapping[str, str] | None = None) -> Host:
+        ids = host_gpu_ids(os.environ if environ is None else environ, count_gpus())
+        return cls(os.cpu_count() or 1, len(ids), psutil.virtual_memory().total / GB, ids)
+
+
+def host_gpu_ids(environ: Mapping[str, str], driver_gpus: int) -> tuple[str, ...]:
+    """The GPUs this service may hand out, as CUDA names them: those its own CUDA_VISIBLE_DEVICES lists when set
+    (an operator's restriction, or an empty value: none), else every GPU the driver sees (0, 1, ...)."""
+    listed = environ.get(VISIBLE_DEVICES)
+    if listed is None:
+        return tuple(str(index) for index in range(driver_gpus))
+    return tuple(dict.fromkeys(part.strip() for part in listed.split(",") if part.strip()))
+
+
+class GpuPool:
+    """Which of the host's GPUs each run holds. Thread-safe; the lowest free ids go first."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        self.ids = tuple(ids)
+        self._held: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.Lock()
+
+    def free(self) -> list[str]:
+        with self._lock:
+            return self._free()
+
+    def _free(self) -> list[str]:
+        taken = {gpu for ids in self._held.values() for gpu in ids}
+        return [gpu for gpu in self.ids if gpu not in taken]
+
+    def take(self, run_id: str, count: int) -> tuple[str, ...] | None:
+        """`count` free GPUs for the run (the ones it holds already, if any); None when too few are free."""
+        with self._lock:
+            if run_id in self._held:
+                return self._held[run_id]
+            free = self._free()
+            if count > len(free):
+                return None
+            self._held[run_id] = tuple(free[:count])
+            return self._held[run_id]
+
+    def hold(self, run_id: str, ids: Sequence[str]) -> tuple[str, ...]:
+        """A re-adopted run's GPUs, as its handle recorded them (ids this host no longer has are left out)."""
+        with self._lock:
+            self._held[run_id] = tuple(gpu for gpu in ids if gpu in self.ids)
+            return self._held[run_id]
+
+    def release(self, run_id: str) -> None:
+        with self._lock:
+            self._held.pop(run_id, None)
+
+    def held(self, run_id: str) -> tuple[str, ...] | None:
+        with self._lock:
+            return self._held.get(run_id)
+
+
+def gpu_handle(ids: Sequence[str]) -> str:
+    return GPU_HANDLE_PREFIX + ",".join(ids)
+
+
+def parse_gpu_handle(handle: str | None) -> tuple[str, ...]:
+    """The GPU ids a local run's handle names; none for no handle (a run without GPUs, or recorded before)."""
+    if not handle or not handle.startswith(GPU_HANDLE_PREFIX):
+        return ()
+    return tuple(part for part in handle[len(GPU_HANDLE_PREFIX) :].split(",") if part)
+
+
+def with_gpus(plan: RunPlan, ids: Sequence[str]) -> RunPlan:
+    """The plan with each process seeing exactly these GPUs (an empty CUDA_VISIBLE_DEVICES: none)."""
+    visible = ",".join(ids)
+    return replace(plan, specs=[replace(spec, env={**spec.env, VISIBLE_DEVICES: visible}) for spec in plan.specs])
 
 
 def count_gpus() -> int:
@@ -57,14 +140,26 @@ class LocalExecutor(Executor):
     def __init__(self, max_runs: int | None = None, host: Host | None = None) -> None:
         self.max_runs = max_runs  # None: no limit on the number of runs
         self.host = host or Host.detect()
+        self.gpus = GpuPool(self.host.gpu_ids)
         self._supervisors: dict[str, RunSupervisor] = {}
         self._lock = threading.Lock()
 
     # --- start, adopt, stop ---
 
     def start(self, plan: RunPlan, events: RunEvents, resources: Resources) -> str | None:
-        self._watch(plan, events).start()
-        return None  # the processes' identities, reported by events.process_started, are the handle
+        """The processes' identities, reported by events.process_started, recognise them again; on a host with
+        GPUs the handle names the GPUs the run was given (None on a host without, as before GPUs were assigned)."""
+        if not self.host.gpus:
+            self._watch(plan, events).start()
+            return None
+        ids = self.gpus.take(plan.run_id, resources.gpus)
+        if ids is None:
+            # Admission counted a GPU free that a re-adopted run of an older version still holds: say so.
+            plan.prepare = _refuse(f"{resources.gpus} GPU(s) asked for; free now: {self.gpus.free() or 'none'}")
+            self._watch(plan, events).start()
+            return None
+        self._watch(with_gpus(plan, ids), events).start()
+        return gpu_handle(ids) if ids else None
 
     def adopt(
         self,
@@ -86,6 +181,8 @@ class LocalExecutor(Executor):
         if starting:
             self._fail_interrupted_startup(plan, events, adopted)
             return True
+        if ids := parse_gpu_handle(handle):
+            self.gpus.hold(plan.run_id, ids)
         logger.info("run %s: re-adopting %s", plan.run_id, sorted(adopted))
         self._watch(plan, events).adopt(adopted)
         return True
@@ -133,6 +230,8 @@ class LocalExecutor(Executor):
             return False
         if usage.resources.gpus + resources.gpus > self.host.gpus:
             return False
+        if resources.gpus > len(self.gpus.free()):
+            return False  # held by a run whose record does not count them (re-adopted from an older version)
         return resources.memory_gb <= available_memory_gb() - usage.starting.memory_gb
 
     # --- inside ---
@@ -146,6 +245,7 @@ class LocalExecutor(Executor):
     def _forget(self, run_id: str) -> None:
         with self._lock:
             self._supervisors.pop(run_id, None)
+        self.gpus.release(run_id)
 
     def _fail_interrupted_startup(
         self, plan: RunPlan, events: RunEvents, processes: dict[str, SupervisedProcess]
@@ -184,3 +284,10 @@ class _Forgetting:
     def finished(self, outcome: Outcome) -> None:
         self._forget()
         self._events.finished(outcome)
+
+
+def _refuse(reason: str) -> Callable[[], None]:
+    def refuse() -> None:
+        raise RuntimeError(reason)
+
+    return refuse

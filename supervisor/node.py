@@ -33,7 +33,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ ENV_CONTROL_URL = "RLCTL_NODE_CONTROL_URL"
 ENV_RUN_ID = "RLCTL_NODE_RUN_ID"
 ENV_SECRET = "RLCTL_NODE_SECRET"  # the bootstrap secret; removed from this process's environment once read
 ENV_DATA_DIR = "RLCTL_NODE_DATA_DIR"
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 SECRET_HEADER = "X-Rlctl-Run-Secret"
 MIRRORED_LOGS = ("api", "trainer", "env")
 CHUNK_BYTES = 64 * 1024  # per file per report (5 files stay far below the 1 MiB body limit); a backlog takes several
@@ -118,7 +119,18 @@ def write_files(layout: NodeLayout, files: dict[str, str]) -> None:
         target.write_text(layout.localize(text))
 
 
+def assigned_gpus(asked: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the run's processes get of this node's GPUs: those Ray assigned to the job, as Ray set
+    CUDA_VISIBLE_DEVICES for its entrypoint (it does when the job asks for GPUs); none (an empty value) for a run
+    that asked for none, which Ray leaves unset, so it would otherwise see every GPU of the node."""
+    if asked == 0:
+        return {VISIBLE_DEVICES: ""}
+    visible = environ.get(VISIBLE_DEVICES)
+    return {VISIBLE_DEVICES: visible} if visible is not None else {}
+
+
 def process_specs(layout: NodeLayout, plan: dict[str, Any]) -> list[ProcessSpec]:
+    gpus = assigned_gpus(int(plan.get("gpus") or 0), os.environ)
     specs = []
     for entry in plan["processes"]:
         ready = entry.get("ready") or {}
@@ -127,7 +139,7 @@ def process_specs(layout: NodeLayout, plan: dict[str, Any]) -> list[ProcessSpec]
             probe = http_answers(ready["url"])
         elif ready.get("kind") == "atropos":
             probe = atropos_env_registered(ready["url"])
-        env = {**_node_environment(), **{k: layout.localize(v) for k, v in entry["env"].items()}}
+        env = {**_node_environment(), **{k: layout.localize(v) for k, v in entry["env"].items()}, **gpus}
         specs.append(
             ProcessSpec(
                 role=entry["role"],

@@ -158,12 +158,28 @@ class RayExecutor(Executor):
 
     def _stop_job(self, watched: _Watched) -> None:
         """Through Ray: its stop_job signals the job's entrypoint (the node-side supervisor then stops the three
-        processes in order), or cancels a job Ray has not placed yet. The node's next report also says stop."""
+        processes in order). The node's next report also says stop.
+
+        A job Ray has not placed yet (PENDING: waiting for resources) is cancelled here: Ray only delivers the stop
+        once it places the job, which may be long after; but nothing of the run can start any more (the control
+        plane hands no plan to a run being stopped, service/runs/node.py), so the run is stopped now. Ray then ends
+        the job as soon as it places it."""
         try:
+            pending = self._job_status(watched.submission_id) == "PENDING"
             self.client.stop_job(watched.submission_id)
             watched.stop_sent = True
         except Exception:  # noqa: BLE001 - the report's answer still asks the node to stop
             logger.exception("run %s: Ray's stop_job failed", watched.run_id)
+            return
+        if pending:
+            with watched.lock:
+                if not watched.finished and not watched.processes:
+                    logger.info("run %s: stopped before Ray placed job %s", watched.run_id, watched.submission_id)
+                    self._finish(watched, Outcome("stopped"))
+
+    def _job_status(self, submission_id: str) -> str:
+        info = self.client.get_job_info(submission_id)
+        return str(getattr(info.status, "value", info.status))
 
     def watching(self, run_id: str) -> bool:
         with self._lock:
@@ -274,8 +290,9 @@ class RayExecutor(Executor):
         else:
             if watched.finished:
                 return None
-            if status == "STOPPED" and watched.stop_requested:
-                return Outcome("stopped")  # stopped before the node-side supervisor reported (e.g. never placed)
+            if watched.stop_requested and (status == "STOPPED" or not watched.processes):
+                # Stopped before its node reported an outcome: never placed, or refused its plan (stopping).
+                return Outcome("stopped")
             message = f"Ray reports job {watched.submission_id} {status} without an outcome from its node"
             if info.message:
                 message += f": {info.message}"

@@ -29,6 +29,7 @@ from service.context import AppContext
 from service.db.models import Run
 from service.errors import Conflict, Unauthorized, Unavailable
 from service.runs import lifecycle
+from service.runs.admission import run_resources
 from service.runs.launch import Ports, process_specs
 from service.runs.paths import RunPaths
 from service.runs.schemas import NodePlan, NodeProcess, NodeReport, NodeReportAnswer, NodeSupervision
@@ -75,19 +76,31 @@ def node_plan(ctx: AppContext, run_id: str, given: str | None) -> NodePlan:
     with ctx.db.session() as session:  # compare-and-set: one fetch spends the bootstrap secret
         spent = session.execute(
             update(Run)
-            .where(Run.id == run_id, Run.node_secret_hash == stored)
+            .where(Run.id == run_id, Run.node_secret_hash == stored, Run.status == lifecycle.STARTING)
             .values(node_secret_hash=secret_hash(run_secret))
         )
         if spent.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's result has it; Result[Any] does not say so
+            status = session.scalar(select(Run.status).where(Run.id == run_id))
+            if status != lifecycle.STARTING:
+                # Stopped (or ended) before its node asked: the start is cancelled, nothing of it starts.
+                raise Conflict(f"run {run_id} is {status}, not starting: no plan")
             raise Unauthorized(BAD_SECRET)
         run = session.get_one(Run, run_id)
         environment, backend, ports = run.environment, run.backend, Ports(**run.ports)
         wandb_mode = run_wandb_mode(ctx.settings, run.wandb)
-    return build_plan(ctx, run_id, run_secret, environment, backend, ports, wandb_mode)
+        gpus = run_resources(run).gpus
+    return build_plan(ctx, run_id, run_secret, environment, backend, ports, wandb_mode, gpus)
 
 
 def build_plan(
-    ctx: AppContext, run_id: str, run_secret: str, environment: str, backend: str, ports: Ports, wandb_mode: WandbMode
+    ctx: AppContext,
+    run_id: str,
+    run_secret: str,
+    environment: str,
+    backend: str,
+    ports: Ports,
+    wandb_mode: WandbMode,
+    gpus: int = 0,
 ) -> NodePlan:
     settings = ctx.settings
     paths = RunPaths(settings.data_path, run_id)
@@ -132,6 +145,7 @@ def build_plan(
             drain_timeout_s=settings.drain_timeout_s,
             report_interval_s=settings.ray_report_interval_s,
         ),
+        gpus=gpus,
     )
 
 

@@ -319,6 +319,7 @@ class NodePlan(BaseModel):
     prepare: list[str]  # a command run before the first process (the local backend's tiny model); empty: none
     logs: dict[str, str]
     supervision: NodeSupervision
+    gpus: int = 0  # the GPUs the run asked for: Ray assigned them to the job (CUDA_VISIBLE_DEVICES), or none
 
 
 class NodeEvent(BaseModel):

@@ -47,6 +47,10 @@ def test_only_the_run_secret_opens_the_node_routes(make_settings: Callable[..., 
         for knock, response in knocks.items():
             assert response.status_code == 401, (knock, response.text)
             assert response.json()["error"]["message"] == BAD_SECRET, knock  # an unknown run reads the same
+        # The right secret, but the run is not starting (a stop cancelled its start): no plan, the secret unspent.
+        late = client.get(plan, headers={"X-Rlctl-Run-Secret": RUN_SECRET})
+        assert late.status_code == 409 and late.json()["error"]["code"] == "CONFLICT", late.text
+        assert "not starting" in late.json()["error"]["message"]
         # The right secret is accepted; this control plane runs nothing on Ray, so a report has nowhere to go.
         refused = client.post(report, json={}, headers={"X-Rlctl-Run-Secret": RUN_SECRET})
         assert refused.status_code == 409, refused.text
