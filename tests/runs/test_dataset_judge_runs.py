@@ -127,9 +127,10 @@ def test_an_online_run_samples_the_prompts_and_trains_on_the_judges_group_scores
     assert all(JUDGE_KEY not in text for text in texts)
 
 
-def test_an_online_judge_run_is_refused_without_a_judge_or_beside_a_written_scorer(
+def test_an_online_judge_run_is_refused_beside_a_written_scorer_or_with_judge_options_it_cannot_use(
     run_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
+    """(Without a judge configured, the refusal is in test_dataset_runs.py's refusals.)"""
     written = tmp_path / "written_environments"
     written.mkdir()
     (written / "scored_elsewhere.py").write_text(
@@ -137,13 +138,6 @@ def test_an_online_judge_run_is_refused_without_a_judge_or_beside_a_written_scor
         "def score_completion(completion, gold):\n    return 1.0\n\n\n"
         "class ScoredElsewhere(BaseEnv):\n    name = 'scored_elsewhere'\n"
     )
-    with in_process_service(run_settings()) as live, live.client() as client:
-        dataset = upload_records(client, echo_records(3, 1))["id"]
-        online = {"id": dataset, "mode": "online"}
-        unjudged = start(client, dataset={**online, "rewards": [{"name": "judge"}]})
-        assert unjudged.status_code == 409 and error_of(unjudged)["code"] == "JUDGE_NOT_CONFIGURED"
-        completion = start(client, dataset={**online, "rewards": [{"name": "completion"}]})
-        assert completion.status_code == 409 and error_of(completion)["code"] == "JUDGE_NOT_CONFIGURED"
     settings = judged_settings(run_settings, "http://127.0.0.1:9/v1", environment_dirs=str(written))
     with in_process_service(settings) as live, live.client() as client:
         dataset = upload_records(client, echo_records(3, 1))["id"]

@@ -84,6 +84,17 @@ def test_a_dataset_that_cannot_train_is_refused_before_anything_starts(run_servi
             ({"dataset": {"id": scored}, "config": {"epochs": 0}}, 422, "VALIDATION_ERROR"),
             ({"dataset": {"id": scored}, "config": {"group_size": 3, "batch_size": 8}}, 422, "VALIDATION_ERROR"),
             ({"dataset": {"id": scored, "held_out": 1.0}}, 422, "VALIDATION_ERROR"),
+            # this service has no judge: an online run cannot ask for the rewards that need one
+            (
+                {"dataset": {"id": scored, "mode": "online", "rewards": [{"name": "judge"}]}},
+                409,
+                "JUDGE_NOT_CONFIGURED",
+            ),
+            (
+                {"dataset": {"id": scored, "mode": "online", "rewards": [{"name": "completion"}]}},
+                409,
+                "JUDGE_NOT_CONFIGURED",
+            ),
         ]:
             response = start(client, **body)
             assert (response.status_code, error_of(response)["code"]) == (status, code), (body, response.text)
