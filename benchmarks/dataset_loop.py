@@ -1,32 +1,41 @@
-"""The dataset loop on the tiny model, through a real `rlctl serve`: score → train offline → evaluate, with an online
-run on the same prompts beside it.
+"""The whole dataset loop on the tiny model, through a real `rlctl serve`: collect → score → train offline →
+evaluate, with an online run on the same prompts beside it.
 
-    .venv/bin/python benchmarks/dataset_loop.py [--prompts 24] [--epochs 4] [--samples 4]
+    .venv/bin/python benchmarks/dataset_loop.py [--prompts 16] [--samples 8] [--epochs 3] [--eval-samples 8]
 
-Echo prompts with four stored replies each (the digits themselves, half of them, a quarter, none) are uploaded and
-scored with the `echo` reward; a quarter of the prompts are held out. Printed: the wall time of each phase and of
-the whole loop; the trainer's `throughput/tokens_per_s` (trained input tokens over step time, mean over steps) of
-the offline run next to the online run's, measured in the same service (the baseline: an online step also samples,
-an offline step only trains); the evaluation's wall time for prompts × samples × 2 models and the margin it found
-(the checkpoint's mean reward minus the base's, with its 95 % interval).
+The base model is served (`rlctl model serve`, a process) and answers each echo prompt `--samples` times through
+POST /collections; the collection is scored with the `echo` reward, a quarter of the prompts are held out, an
+offline run trains on the rest, and an evaluation samples the base and the trained checkpoint on the held-out
+prompts. Printed: the wall time of each phase and of the whole loop (collect to evaluated); the trainer's
+`throughput/tokens_per_s` (trained input tokens over step time, mean over steps) of the offline run next to an
+online run's (same group and batch sizes, same prompts), measured in the same service (the baseline: an online
+step trains on tokens it sampled, an offline step on stored ones), with each run's mean step breakdown; the
+evaluation's wall time for prompts × samples × 2 models and the margin it found (the checkpoint's mean reward
+minus the base's, with its 95 % interval).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
-import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from supervisor.ports import free_ports  # noqa: E402 - after the repository is on the path
+from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 
 def _datasets_benchmark() -> Any:
@@ -43,29 +52,66 @@ _BENCH = _datasets_benchmark()
 run_job, start_service, stop_service = _BENCH.run_job, _BENCH.start_service, _BENCH.stop_service
 
 
-def echo_records(prompts: int) -> str:
-    lines = []
-    for p in range(prompts):
-        digits = f"{(7919 * (p + 3)) % 10000:04d}"
-        for reply in (digits, digits[:2] + "ab", "a" + digits[2:] + "c", "wxyz"):
-            turns = [{"from": "human", "value": f"Echo: {digits}"}, {"from": "gpt", "value": reply}]
-            lines.append(json.dumps({"conversations": turns, "answer": digits}))
-    return "\n".join(lines) + "\n"
+STEP_PARTS = ("time/datum_build_s", "time/forward_backward_s", "time/optimizer_s", "time/publish_s")
 
 
-def wait_run(client: httpx.Client, run_id: str) -> dict[str, Any]:
+def echo_prompts(count: int) -> list[dict[str, Any]]:
+    digits = [f"{(7919 * (p + 11)) % 10000:04d}" for p in range(count)]
+    return [{"prompt": f"Echo: {d}", "answer": d} for d in digits]
+
+
+@contextlib.contextmanager
+def served_model(model_dir: Path) -> Iterator[str]:
+    """`rlctl model serve` of the base model, as a collection's endpoint."""
+    port = free_ports(1)[0]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "model", "serve", str(model_dir), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the model server did not start")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_for(client: httpx.Client, path: str, done: set[str]) -> dict[str, Any]:
     while True:
-        run = client.get(f"/runs/{run_id}").json()
-        if run["status"] in ("completed", "failed", "stopped"):
-            if run["status"] != "completed":
-                raise RuntimeError(f"run {run_id} {run['status']}: {run.get('failure')}")
-            return run
+        current = client.get(path).json()
+        if current["status"] in done:
+            return current
         time.sleep(0.5)
 
 
-def throughput(client: httpx.Client, run_id: str) -> float:
-    series = client.get(f"/runs/{run_id}/metrics", params={"name": "throughput/tokens_per_s"}).json()["metrics"]
-    return statistics.fmean(value for _, value in series["throughput/tokens_per_s"])
+def wait_run(client: httpx.Client, run_id: str) -> dict[str, Any]:
+    run = wait_for(client, f"/runs/{run_id}", {"completed", "failed", "stopped"})
+    if run["status"] != "completed":
+        raise RuntimeError(f"run {run_id} {run['status']}: {run.get('failure')}")
+    return run
+
+
+def step_profile(client: httpx.Client, run_id: str) -> dict[str, float]:
+    """Mean over the run's steps of its throughput, trained tokens per batch, and each part of the step time."""
+    names = ["throughput/tokens_per_s", "batch/trained_tokens", "time/step_s", *STEP_PARTS]
+    series = client.get(f"/runs/{run_id}/metrics", params={"name": names}).json()["metrics"]
+    return {name: statistics.fmean(value for _, value in series[name]) for name in names if series.get(name)}
 
 
 def timed(label: str, times: dict[str, float], action: Any) -> Any:
@@ -75,82 +121,119 @@ def timed(label: str, times: dict[str, float], action: Any) -> Any:
     return result
 
 
+def collect(client: httpx.Client, base_url: str, model_dir: Path, prompts: int, samples: int) -> str:
+    body = {
+        "name": "echo-collected",
+        "prompts": echo_prompts(prompts),
+        "base_url": f"{base_url}/v1",
+        "model": str(model_dir),
+        "runs_per_prompt": samples,
+        "concurrency": 4,
+        "max_turns": 1,
+        "max_tokens": 8,
+        "tools": [],
+        "discard_without_reasoning": False,  # the tiny model never reasons
+    }
+    created = client.post("/collections", json=body)
+    created.raise_for_status()
+    collection = wait_for(client, f"/collections/{created.json()['id']}", {"completed", "failed"})
+    if collection["status"] != "completed":
+        raise RuntimeError(f"collection failed: {collection['error']}")
+    return str(collection["dataset_id"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=24)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8, help="collected answers per prompt: the group size")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--eval-samples", type=int, default=8)
     args = parser.parse_args()
     os.environ["RLCTL_LOCAL_TOTAL_STEPS"] = "6"  # the online run's steps
     times: dict[str, float] = {}
+    sizes = {"group_size": args.samples, "batch_size": 2 * args.samples}
     with tempfile.TemporaryDirectory() as workdir:
-        service = start_service(Path(workdir) / "var")
+        data_dir = Path(workdir) / "var"
+        model_dir = init_tiny_model(data_dir / "models" / "tiny-qwen3", seed=0)  # the local runs' base model
+        service = start_service(data_dir)
         try:
-            with httpx.Client(base_url=service.base_url, timeout=120) as client:
+            with served_model(model_dir) as base_url, httpx.Client(base_url=service.base_url, timeout=120) as client:
                 loop_started = time.monotonic()
-                uploaded = timed(
-                    "upload",
-                    times,
-                    lambda: client.post("/datasets", params={"name": "echo"}, content=echo_records(args.prompts)),
-                ).json()
+                collected = timed(
+                    "collect", times, lambda: collect(client, base_url, model_dir, args.prompts, args.samples)
+                )
                 scored = timed(
                     "score",
                     times,
                     lambda: run_job(
-                        client, client.post(f"/datasets/{uploaded['id']}/score", json={"rewards": [{"name": "echo"}]})
+                        client, client.post(f"/datasets/{collected}/score", json={"rewards": [{"name": "echo"}]})
                     ),
                 )["dataset_id"]
                 body = {"dataset": {"id": scored, "held_out": 0.25}, "backend": "local"}
-                offline = client.post(
-                    "/runs", json={**body, "config": {"group_size": 4, "batch_size": 16, "epochs": args.epochs}}
-                ).json()
+                offline = client.post("/runs", json={**body, "config": {**sizes, "epochs": args.epochs}}).json()
                 timed("train offline", times, lambda: wait_run(client, offline["id"]))
                 request = {
                     "run_id": offline["id"],
                     "rewards": [{"name": "echo"}],
-                    "samples_per_prompt": args.samples,
+                    "samples_per_prompt": args.eval_samples,
                     "max_tokens": 8,
                 }
                 evaluation = client.post("/evaluations", json=request).json()
-
-                def finished() -> dict[str, Any]:
-                    while True:
-                        current = client.get(f"/evaluations/{evaluation['id']}").json()
-                        if current["status"] in ("succeeded", "failed", "cancelled"):
-                            return current
-                        time.sleep(0.5)
-
-                result = timed("evaluate", times, finished)
+                result = timed(
+                    "evaluate",
+                    times,
+                    lambda: wait_for(client, f"/evaluations/{evaluation['id']}", {"succeeded", "failed", "cancelled"}),
+                )
                 times["whole loop"] = time.monotonic() - loop_started
-                online_body = {
-                    "dataset": {"id": scored, "mode": "online", "held_out": 0.25, "rewards": [{"name": "echo"}]},
-                    "backend": "local",
-                }
-                online = client.post(
-                    "/runs", json={**online_body, "config": {"group_size": 4, "batch_size": 16, "max_tokens": 8}}
-                ).json()
+            online_body = {
+                "dataset": {"id": scored, "mode": "online", "held_out": 0.25, "rewards": [{"name": "echo"}]},
+                "backend": "local",
+            }
+            with httpx.Client(base_url=service.base_url, timeout=120) as client:
+                online = client.post("/runs", json={**online_body, "config": {**sizes, "max_tokens": 8}}).json()
                 timed("train online (6 steps)", times, lambda: wait_run(client, online["id"]))
-                offline_tps, online_tps = throughput(client, offline["id"]), throughput(client, online["id"])
+                profiles = {
+                    "offline": step_profile(client, offline["id"]),
+                    "online": step_profile(client, online["id"]),
+                }
         finally:
             stop_service(service)
+    print_figures(args, times, offline, profiles, result)
+    return 0
+
+
+def print_figures(
+    args: argparse.Namespace,
+    times: dict[str, float],
+    offline: dict[str, Any],
+    profiles: dict[str, dict[str, float]],
+    result: dict[str, Any],
+) -> None:
     held_out = len(result["prompts"] or [])
-    print(f"prompts {args.prompts} (held out {held_out}), 4 stored replies each, epochs {args.epochs}")
+    print(f"prompts {args.prompts} (held out {held_out}), {args.samples} collected answers each, epochs {args.epochs}")
     for label, seconds in times.items():
         print(f"  {label:<24} {seconds:8.1f} s")
+    offline_tps, online_tps = (profiles[mode]["throughput/tokens_per_s"] for mode in ("offline", "online"))
     print(
         f"  offline steps: {offline['total_steps']}; trained tokens/s offline {offline_tps:,.0f}, "
         f"online {online_tps:,.0f} (ratio {offline_tps / online_tps:.2f})"
     )
+    for mode, profile in profiles.items():
+        parts = ", ".join(f"{name.split('/')[1]} {profile.get(name, 0.0):.3f}" for name in STEP_PARTS)
+        print(
+            f"  {mode:<8} mean step {profile.get('time/step_s', 0.0):.3f} s ({parts}); "
+            f"trained tokens per batch {profile.get('batch/trained_tokens', 0.0):,.0f}"
+        )
     if result["status"] == "succeeded":
         base, trained = result["models"][0], result["models"][1]
         print(
-            f"  evaluation: {held_out} prompts x {args.samples} samples x 2 models; base {base['mean_reward']:.3f}, "
-            f"{trained['name']} {trained['mean_reward']:.3f}, difference {trained['difference']:+.3f} "
-            f"[{trained['interval'][0]:+.3f}, {trained['interval'][1]:+.3f}], win rate {trained['win_rate']:.2f}"
+            f"  evaluation: {held_out} prompts x {args.eval_samples} samples x 2 models in {times['evaluate']:.1f} s; "
+            f"base {base['mean_reward']:.3f}, {trained['name']} {trained['mean_reward']:.3f}, "
+            f"difference {trained['difference']:+.3f} [{trained['interval'][0]:+.3f}, {trained['interval'][1]:+.3f}], "
+            f"win rate {trained['win_rate']:.2f}"
         )
     else:
         print(f"  evaluation {result['status']}: {result['error']}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,22 +5,34 @@ rlctl starts it for a run created with a dataset in `online` mode (docs/RUNS.md#
 one is sampled `group_size` times from the run's inference server, and each completion is scored by the run's
 rewards (`rewards`: built-in reward functions, or environments that offer a scorer) against the prompt's
 expected answer (`answer_field` of its metadata). The held-out prompts (`held_out_path`) are the evaluation set.
+
+The `judge` and `completion` rewards score a prompt's whole group at once: the group of the policy's completions
+goes to the judge model (`dataset_judge`: its URL, model and rubric; its key comes in this process's environment,
+never in the config file), and a group the judge cannot score is left out of training and counted, never 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
+from judging.client import CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
+from judging.groups import completion_rule, decide_group, record_outcomes
+from trajectories.judge import COMPLETION_REWARD, DEFAULT_RUBRIC, GROUP_REWARDS
 from trajectories.records import TrajectoryRecord
-from trajectories.rewards import WeightedReward, build_rewards, score_record
+from trajectories.rewards import Unscored, WeightedReward, build_rewards, score_record
 from trajectories.training import record_with_completion
+
+# The judge's key, put in this process's environment by rlctl (service/runs/launch.py); read once, then removed.
+JUDGE_KEY_ENV = "RLCTL_RUN_JUDGE_KEY"
 
 
 def default_tokenizer_dir() -> str:
@@ -32,6 +44,9 @@ class DatasetOnlineConfig(BaseEnvConfig):
     held_out_path: str | None = Field(None, description="The run's held-out prompts; set by rlctl.")
     rewards: list[dict[str, Any]] = Field(default_factory=list, description="The run's rewards; set by rlctl.")
     answer_field: str = Field("answer", description="Metadata field of the expected answer; set by rlctl.")
+    dataset_judge: dict[str, Any] | None = Field(
+        None, description="The judge of the judge and completion rewards (base_url, model, rubric); set by rlctl."
+    )
     max_tokens: int = Field(16, ge=1, le=32768, description="Most tokens of a completion.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
     seed: int = Field(0, description="Seed of the prompt order and of the held-out split.")
@@ -65,12 +80,29 @@ class EnvironmentFileScorer:
 
 
 def load_rewards(spec: list[dict[str, Any]], answer_field: str) -> list[WeightedReward]:
+    """The rewards that score one record alone (the group rewards are the judge's)."""
+    plain = [e for e in spec if e["name"] not in GROUP_REWARDS]
     built_in = {"correctness", "format", "source_reward"}
     scorers = {
-        e["name"]: EnvironmentFileScorer(e["name"], e["file"], answer_field) for e in spec if e["name"] not in built_in
+        e["name"]: EnvironmentFileScorer(e["name"], e["file"], answer_field) for e in plain if e["name"] not in built_in
     }
-    entries = [{**e, "params": {"answer_key": answer_field}} if e["name"] == "correctness" else e for e in spec]
+    entries = [{**e, "params": {"answer_key": answer_field}} if e["name"] == "correctness" else e for e in plain]
     return build_rewards(entries, scorers)
+
+
+def load_judge(options: dict[str, Any]) -> CachedJudge:
+    """The judge client of dataset scoring, with a cache in this process: the key is taken out of the environment
+    first, so the scorers' code imported after it cannot read it there."""
+    key = os.environ.pop(JUDGE_KEY_ENV, "") or "no-key"
+    client = JudgeClient(
+        options["base_url"],
+        key,
+        options["model"],
+        secret_scrubber([key]),
+        max_retries=int(options.get("max_retries", 2)),
+        timeout_s=float(options.get("timeout_s", 120.0)),
+    )
+    return CachedJudge(client, MemoryVerdictCache())
 
 
 def read_prompts(path: str | None) -> list[dict[str, Any]]:
@@ -92,8 +124,11 @@ class DatasetOnlineEnv(BaseEnv):
         self.prompts: list[dict[str, Any]] = []
         self.held_out: list[dict[str, Any]] = []
         self.rewards: list[WeightedReward] = []
+        self.judge: CachedJudge | None = None
         self.position = 0
         self.recent_scores: list[float] = []
+        self.unscored_groups = 0  # groups left out of training because the judge could not score them
+        self.unscored_eval_items = 0
         self.eval_metrics: list[tuple[str, float]] = []
 
     @classmethod
@@ -124,9 +159,17 @@ class DatasetOnlineEnv(BaseEnv):
         self.held_out = read_prompts(self.config.held_out_path)
         if not self.prompts:
             raise ValueError("prompts_path holds no prompt: this environment runs only as a dataset run of rlctl")
-        self.rewards = load_rewards(self.config.rewards, self.config.answer_field)
-        if not self.rewards:
+        if not self.config.rewards:
             raise ValueError("no reward: an online dataset run names its rewards")
+        if self.group_reward_names and not self.config.dataset_judge:
+            raise ValueError("the judge and completion rewards need `dataset_judge`: rlctl sets it when it has a judge")
+        if self.config.dataset_judge:
+            self.judge = load_judge(self.config.dataset_judge)  # before the scorers' code is imported
+        self.rewards = load_rewards(self.config.rewards, self.config.answer_field)
+
+    @property
+    def group_reward_names(self) -> list[str]:
+        return [e["name"] for e in self.config.rewards if e["name"] in GROUP_REWARDS]
 
     async def get_next_item(self) -> dict[str, Any]:
         epoch, index = divmod(self.position, len(self.prompts))
@@ -135,9 +178,32 @@ class DatasetOnlineEnv(BaseEnv):
         random.Random(f"{self.config.seed}:{epoch}").shuffle(order)
         return self.prompts[order[index]]
 
-    def score(self, prompt: dict[str, Any], completion: str) -> float:
-        record = record_with_completion(prompt["messages"], completion, prompt.get("metadata"))
-        return score_record(record, self.rewards).reward
+    async def score_group(self, prompt: dict[str, Any], completions: Sequence[str]) -> list[float] | None:
+        """The rewards of a prompt's completions, in order (the request's weighted sum); None when a group reward
+        could not be decided (the judge failed): the group is then unscored, never 0."""
+        records = [record_with_completion(prompt["messages"], text, prompt.get("metadata")) for text in completions]
+        names = self.group_reward_names
+        if not names:
+            return [score_record(record, self.rewards).reward for record in records]
+        assert self.judge is not None
+        rubric = (self.config.dataset_judge or {}).get("rubric") or DEFAULT_RUBRIC
+        rules = [completion_rule(record) for record in records] if COMPLETION_REWARD in names else None
+        decision = await asyncio.to_thread(decide_group, self.judge, records, names, rubric, rules)
+        outcomes = record_outcomes(decision, names, judge_configured=True)
+        plain = {weighted.function.name: weighted for weighted in self.rewards}
+        scores = []
+        for record, outcome in zip(records, outcomes, strict=True):
+            weighted = [
+                plain[e["name"]]
+                if e["name"] in plain
+                else WeightedReward(outcome.reward(e["name"]), float(e.get("weight", 1.0)))
+                for e in self.config.rewards
+            ]
+            try:
+                scores.append(score_record(record, weighted).reward)
+            except Unscored:
+                return None
+        return scores
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
         messages = item["messages"]
@@ -150,10 +216,13 @@ class DatasetOnlineEnv(BaseEnv):
                 temperature=self.config.temperature,
             )
             nodes = managed.get_state()["nodes"]
-        for choice, node in zip(completion.choices, nodes, strict=True):
-            text = choice.message.content or ""
-            score = self.score(item, text)
-            self.recent_scores.append(score)
+        texts = [choice.message.content or "" for choice in completion.choices]
+        scores = await self.score_group(item, texts)
+        if scores is None:
+            self.unscored_groups += 1
+            return None, []
+        self.recent_scores.extend(scores)
+        for text, score, node in zip(texts, scores, nodes, strict=True):
             group["tokens"].append(node.tokens)
             group["masks"].append(node.masked_tokens)
             group["scores"].append(score)
@@ -162,17 +231,23 @@ class DatasetOnlineEnv(BaseEnv):
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """Greedy answers to the held-out prompts; eval/reward_mean is their mean reward."""
+        """Greedy answers to the held-out prompts; eval/reward_mean is their mean reward (the judge scores each
+        answer alone, a group of one)."""
         items = self.held_out[: self.config.eval_items]
         if not items:
             return
-        total = 0.0
+        scores = []
         for prompt in items:
             completion = await self.server.chat_completion(
                 messages=prompt["messages"], n=1, max_tokens=self.config.max_tokens, temperature=0.0, split="eval"
             )
-            total += self.score(prompt, completion.choices[0].message.content or "")
-        self.eval_metrics.append(("eval/reward_mean", total / len(items)))
+            scored = await self.score_group(prompt, [completion.choices[0].message.content or ""])
+            if scored is None:  # a judged answer the judge could not score: left out of the mean, counted
+                self.unscored_eval_items += 1
+            else:
+                scores.extend(scored)
+        if scores:
+            self.eval_metrics.append(("eval/reward_mean", sum(scores) / len(scores)))
 
     async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
         wandb_metrics = dict(wandb_metrics or {})
@@ -181,6 +256,14 @@ class DatasetOnlineEnv(BaseEnv):
             self.recent_scores = []
         wandb_metrics.update(self.eval_metrics)
         self.eval_metrics = []
+        if self.judge is not None:  # running totals of the run
+            counters = self.judge.counters.as_dict()
+            wandb_metrics["judge/groups"] = counters["groups"]
+            wandb_metrics["judge/calls"] = counters["judge_calls"]
+            wandb_metrics["judge/cache_hits"] = counters["cache_hits"]
+            wandb_metrics["judge/failed_groups"] = counters["failed_groups"]
+            wandb_metrics["train/unscored_groups"] = self.unscored_groups
+            wandb_metrics["eval/unscored_items"] = self.unscored_eval_items
         await super().wandb_log(wandb_metrics)
 
 

@@ -21,7 +21,8 @@ from typing import Any, Protocol, TypeVar
 from service.context import AppContext
 from service.datasets import env_scorer
 from service.datasets.builder import DatasetBuilder, insert_dataset_row
-from service.datasets.group_rewards import GroupRewards, make_judge
+from service.datasets.group_rewards import GroupRewards
+from service.datasets.judge_client import make_judge
 from service.datasets.schemas import DatasetOut, DerivedDatasetResult
 from service.datasets.service import dataset_stats, dataset_store, get_dataset, summary_endpoint
 from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at

@@ -1,32 +1,17 @@
-"""The judge model: asks an OpenAI-compatible chat endpoint to score a group of trajectories (network I/O, so not
-in `trajectories/`, which builds the prompt and reads the answer), with a cache by content in the database.
-
-The key goes only to the judge's own endpoint (docs/TRAJECTORIES.md#judge); errors are scrubbed of every secret
-before they are kept anywhere, and a failure leaves the group's records unscored: never a silent 0.
-"""
+"""The judge of dataset scoring: where it is (settings) and its cache by content in the database. The client, the
+cache logic and the group decision are `judging/`'s, shared with the online dataset environment."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-import openai
 from sqlalchemy.exc import IntegrityError
 
-from service.datasets.chat_retry import ChatGaveUp, ChatRefused, ask_with_retries
+from judging.client import CachedJudge, JudgeClient
 from service.db.engine import Database
 from service.db.models import JudgeCacheEntry
 from service.settings import Settings
-from trajectories.judge import JudgeReplyError, JudgeVerdict, cache_key, content_hash, judge_messages, parse_judge_reply
-from trajectories.records import TrajectoryRecord
-
-MAX_JUDGE_OUTPUT_TOKENS = 4096
-
-
-class JudgeFailed(Exception):
-    """No usable verdicts for a group (after the retries): its records stay unscored."""
+from trajectories.judge import JudgeVerdict
 
 
 def judge_endpoint(settings: Settings) -> tuple[str, str] | None:
@@ -41,109 +26,33 @@ def judge_endpoint(settings: Settings) -> tuple[str, str] | None:
     return None
 
 
-class JudgeClient:
-    """One group per call, retried on transient failures and on unreadable answers, within ``timeout_s``."""
+class DatabaseVerdictCache:
+    """The judge's verdicts in the `judge_cache` table, so a dataset scored again asks nothing it asked before."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        model: str,
-        scrub: Callable[[str], str],
-        max_retries: int = 2,
-        timeout_s: float = 120.0,
-        backoff_s: float = 1.0,
-    ) -> None:
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        self.model, self._scrub = model, scrub
-        self._max_retries, self._timeout_s, self._backoff_s = max_retries, timeout_s, backoff_s
+    def __init__(self, database: Database) -> None:
+        self._db = database
 
-    def judge(self, group: Sequence[TrajectoryRecord], rubric: str) -> list[JudgeVerdict]:
-        messages = judge_messages(group, rubric)
-        try:
-            return ask_with_retries(
-                lambda seconds_left: parse_judge_reply(self._ask(messages, seconds_left), len(group)),
-                timeout_s=self._timeout_s,
-                max_retries=self._max_retries,
-                backoff_s=self._backoff_s,
-                unusable=(JudgeReplyError,),
-            )
-        except ChatRefused as refusal:
-            raise JudgeFailed(f"the judge refused the request: {refusal}") from None
-        except ChatGaveUp as failure:
-            raise JudgeFailed(
-                self._scrub(f"no verdict after {self._max_retries + 1} attempts: {failure}")[:500]
-            ) from None
-
-    def _ask(self, messages: list[dict[str, str]], timeout: float) -> str:
-        response = self._client.chat.completions.create(
-            model=self.model,
-            messages=messages,  # type: ignore[arg-type]  # plain role/content dicts; the SDK types them as TypedDicts
-            max_tokens=MAX_JUDGE_OUTPUT_TOKENS,
-            timeout=timeout,
-        )
-        content = response.choices[0].message.content if response.choices else None
-        if not content:
-            raise JudgeReplyError("the judge returned an empty answer")
-        return content
-
-    def close(self) -> None:
-        self._client.close()
-
-
-@dataclass
-class JudgeCounters:
-    groups: int = 0
-    calls: int = 0
-    cache_hits: int = 0
-    failed_groups: int = 0
-    first_error: str | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "groups": self.groups,
-            "judge_calls": self.calls,
-            "cache_hits": self.cache_hits,
-            "failed_groups": self.failed_groups,
-            "first_error": self.first_error,
-        }
-
-
-class CachedJudge:
-    """A judge whose verdicts are kept by content (model + rubric + the group's content hashes): a group seen
-    before is answered from the database without a request. Safe to call from several threads."""
-
-    def __init__(self, client: JudgeClient, database: Database) -> None:
-        self.client, self._db = client, database
-        self.counters = JudgeCounters()
-
-    def judge(self, group: Sequence[TrajectoryRecord], rubric: str) -> list[JudgeVerdict] | None:
-        """The verdicts, in group order; None when the judge failed (counted, with the first error kept)."""
-        key = cache_key(self.client.model, rubric, [content_hash(record) for record in group])
-        with self.counters.lock:
-            self.counters.groups += 1
+    def get(self, key: str) -> list[JudgeVerdict] | None:
         with self._db.read() as session:
             entry = session.get(JudgeCacheEntry, key)
-            if entry is not None and len(entry.verdicts) == len(group):
-                with self.counters.lock:
-                    self.counters.cache_hits += 1
-                return [JudgeVerdict(float(v["score"]), str(v["reason"])) for v in entry.verdicts]
-        with self.counters.lock:
-            self.counters.calls += 1
-        try:
-            verdicts = self.client.judge(group, rubric)
-        except JudgeFailed as error:
-            with self.counters.lock:
-                self.counters.failed_groups += 1
-                self.counters.first_error = self.counters.first_error or str(error)
-            return None
+            if entry is None:
+                return None
+            return [JudgeVerdict(float(v["score"]), str(v["reason"])) for v in entry.verdicts]
+
+    def put(self, key: str, model: str, verdicts: list[JudgeVerdict]) -> None:
         try:
             with self._db.session() as session:
-                session.add(JudgeCacheEntry(key=key, model=self.client.model, verdicts=[v.as_dict() for v in verdicts]))
+                session.add(JudgeCacheEntry(key=key, model=model, verdicts=[v.as_dict() for v in verdicts]))
         except IntegrityError:
             pass  # another thread judged the same group at the same time: its verdicts are kept
-        return verdicts
 
-    def close(self) -> None:
-        self.client.close()
+
+def make_judge(settings: Settings, database: Database, model: str, scrub: Callable[[str], str]) -> CachedJudge | None:
+    endpoint = judge_endpoint(settings)
+    if endpoint is None:
+        return None
+    base_url, key = endpoint
+    client = JudgeClient(
+        base_url, key, model, scrub, max_retries=settings.judge_max_retries, timeout_s=settings.judge_timeout_s
+    )
+    return CachedJudge(client, DatabaseVerdictCache(database))

@@ -169,8 +169,9 @@ class RewardSpec(BaseModel):
     weight: float = Field(1.0, ge=-1000, le=1000)
 
 
-class JudgeOptions(BaseModel):
-    """How the `judge` and `completion` rewards ask the judge model (docs/TRAJECTORIES.md#judge)."""
+class JudgeChoice(BaseModel):
+    """The judge model and rubric of the `judge` and `completion` rewards (docs/TRAJECTORIES.md#judge); an
+    online dataset run's judge (docs/RUNS.md#training-on-a-dataset)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -183,6 +184,11 @@ class JudgeOptions(BaseModel):
         max_length=MAX_RUBRIC_CHARS,
         description="What makes a trajectory better; default: the docs' rubric.",
     )
+
+
+class JudgeOptions(JudgeChoice):
+    """How dataset scoring asks the judge model: its model and rubric, the grouping and the calibration."""
+
     group_by: str | None = Field(
         None, pattern=FIELD_PATTERN, description="Metadata field that names the prompt; default: the human turns."
     )

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import openai
 
-from service.datasets.chat_retry import ChatGaveUp, ChatRefused, ask_with_retries
+from judging.chat_retry import ChatGaveUp, ChatRefused, ask_with_retries
 from trajectories.records import Turn
 from trajectories.summarizers import SummarizationError, summary_prompt
 

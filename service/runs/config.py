@@ -62,6 +62,7 @@ MANAGED_ENV_FIELDS = {
     "prompts_path": "The run's training prompts, written when the run is created.",
     "held_out_path": "The run's held-out prompts, written when the run is created.",
     "rewards": "The rewards of the request's dataset source.",
+    "dataset_judge": "The judge of the request's online dataset source (URL, model, rubric; never its key).",
     "answer_field": "The answer field of the request's dataset source.",
 }
 

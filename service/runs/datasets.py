@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from service.context import AppContext
-from service.datasets.errors import DatasetNotFound
+from service.datasets.errors import DatasetNotFound, JudgeNotConfigured
 from service.datasets.jobs import sorted_group_keys
+from service.datasets.judge_client import judge_endpoint
 from service.datasets.schemas import RewardSpec
 from service.datasets.service import check_rewards, dataset_store
 from service.datasets.store import read_line_at
@@ -29,7 +30,9 @@ from service.db.models import Dataset
 from service.db.rows import load_row
 from service.errors import ValidationFailed
 from service.runs.schemas import DatasetMode, DatasetSource
+from service.settings import BUILTIN_ENVIRONMENTS_DIR
 from trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, grpo_groups
+from trajectories.judge import GROUP_REWARDS
 from trajectories.records import TrajectoryRecord, record_from_dict
 from trajectories.rewards import BUILTIN_REWARDS
 from trajectories.training import has_assistant_turn, prompt_messages
@@ -94,7 +97,8 @@ def prepare(ctx: AppContext, source: DatasetSource, env_values: dict[str, Any], 
                 "an online dataset run scores the policy's completions: name its rewards",
                 {"field": "dataset.rewards"},
             )
-        check_rewards(ctx, source.rewards)
+        check_rewards(ctx, source.rewards, group_rewards=True)
+        check_online_judge(ctx, source)
     if source.mode == DatasetMode.OFFLINE and not (stats.get("rewards") or {}).get("count"):
         raise DatasetNotTrainable(
             f"dataset {source.id} is not scored: score it first (POST /datasets/{source.id}/score)",
@@ -108,6 +112,39 @@ def prepare(ctx: AppContext, source: DatasetSource, env_values: dict[str, Any], 
         plan = _write_online(ctx, source, env_values, target)
     (target / "split.json").write_text(json.dumps(plan.as_dict(), indent=2))
     return plan
+
+
+def uses_judge(source: DatasetSource) -> bool:
+    """An online run whose rewards need the judge: `judge`, or `completion` (a fresh completion carries no
+    outcome of its source, so the judge decides it)."""
+    return source.mode == DatasetMode.ONLINE and any(r.name in GROUP_REWARDS for r in source.rewards)
+
+
+def check_online_judge(ctx: AppContext, source: DatasetSource) -> None:
+    """The judge is configured, its options are asked for only with a reward that uses it, and no written
+    environment's code runs beside its key (the environment process imports each scorer's file)."""
+    if not uses_judge(source):
+        if source.judge is not None:
+            raise ValidationFailed(
+                "dataset.judge applies to the judge and completion rewards only", {"field": "dataset.judge"}
+            )
+        return
+    if judge_endpoint(ctx.settings) is None:
+        raise JudgeNotConfigured(
+            "the judge and completion rewards need a judge endpoint: set RLCTL_JUDGE_BASE_URL (or OPENROUTER_API_KEY)",
+            {"rewards": [r.name for r in source.rewards if r.name in GROUP_REWARDS]},
+        )
+    for reward in source.rewards:
+        if reward.name in GROUP_REWARDS or reward.name in BUILTIN_REWARDS:
+            continue
+        file = ctx.catalog.get(reward.name).file_path.resolve()
+        if not file.is_relative_to(BUILTIN_ENVIRONMENTS_DIR):
+            raise ValidationFailed(
+                f"the judge cannot run beside the scorer of {reward.name!r}: an online run's environment process "
+                "holds the judge's key and imports each scorer's file, and only shipped environments are trusted "
+                "with it; score with the judge alone, or with built-in rewards and shipped scorers",
+                {"field": "dataset.rewards", "reward": reward.name, "reason": "judge_beside_written_scorer"},
+            )
 
 
 def _write_offline(ctx: AppContext, source: DatasetSource, values: dict[str, Any], target: Path) -> DatasetPlan:
@@ -264,6 +301,22 @@ def managed_values(ctx: AppContext, source: DatasetSource, run_dir: Path) -> dic
         "held_out_path": held_out,
         "rewards": [_reward_entry(ctx, reward) for reward in source.rewards],
         "answer_field": source.answer_field,
+        "dataset_judge": _judge_entry(ctx, source) if uses_judge(source) else None,
+    }
+
+
+def _judge_entry(ctx: AppContext, source: DatasetSource) -> dict[str, Any]:
+    """What the environment needs to ask the judge: never the key, which reaches the environment process in its
+    environment (service/runs/launch.py) and is written nowhere."""
+    endpoint = judge_endpoint(ctx.settings)
+    assert endpoint is not None  # checked before the run is recorded
+    settings = ctx.settings
+    return {
+        "base_url": endpoint[0],
+        "model": (source.judge and source.judge.model) or settings.judge_model,
+        "rubric": source.judge.rubric if source.judge else None,
+        "max_retries": settings.judge_max_retries,
+        "timeout_s": settings.judge_timeout_s,
     }
 
 
@@ -276,6 +329,6 @@ def read_plan(run_dir: Path) -> dict[str, Any] | None:
 
 def _reward_entry(ctx: AppContext, reward: RewardSpec) -> dict[str, Any]:
     entry: dict[str, Any] = reward.model_dump()
-    if reward.name not in BUILTIN_REWARDS:
+    if reward.name not in BUILTIN_REWARDS and reward.name not in GROUP_REWARDS:
         entry["file"] = str(ctx.catalog.get(reward.name).file_path)
     return entry

@@ -7,6 +7,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from service.datasets.judge_client import judge_endpoint
 from service.runs.paths import RunPaths
 from service.runs.wandb import WandbMode, wandb_environment
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
@@ -15,6 +18,9 @@ from supervisor.readiness import atropos_env_registered, http_answers
 from supervisor.run import API, ENV, TRAINER
 
 ENV_HOOKS_DIR = REPO_ROOT / "supervisor" / "envhooks"
+# environments/dataset_online.py reads it; not the setting's own name (RLCTL_JUDGE_API_KEY), so a Ray plan, which
+# leaves out what the control plane's own environment holds, still carries it (service/runs/node.py)
+JUDGE_KEY_ENV = "RLCTL_RUN_JUDGE_KEY"
 
 
 @dataclass(frozen=True)
@@ -92,10 +98,25 @@ def environment_environment(settings: Settings, paths: RunPaths, wandb_mode: Wan
     env["RLCTL_ENV_METRICS_PATH"] = str(paths.env_metrics)
     # It starts beside the API: its registration waits this long for the API to answer (envhooks).
     env["RLCTL_ENV_API_WAIT_S"] = f"{settings.api_ready_timeout_s:g}"
+    if (key := judge_key(settings, paths)) is not None:
+        env[JUDGE_KEY_ENV] = key
     if settings.gsm8k_path:
         env["RLCTL_GSM8K_PATH"] = str(Path(settings.gsm8k_path).expanduser().resolve())
     env.update(wandb_environment(settings, wandb_mode))
     return env
+
+
+def judge_key(settings: Settings, paths: RunPaths) -> str | None:
+    """The judge's key for an online dataset run that judges (its YAML names `dataset_judge`, never the key): it
+    reaches the environment process in its environment only, read from the settings at each start."""
+    try:
+        merged = yaml.safe_load(paths.config.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    if not (merged.get("env") or {}).get("dataset_judge"):
+        return None
+    endpoint = judge_endpoint(settings)
+    return endpoint[1] if endpoint else None
 
 
 def _base_environment() -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.datasets.schemas import RewardSpec
+from service.datasets.schemas import JudgeChoice, RewardSpec
 from service.names import NAME_PATTERN
 from service.schemas import ErrorBody
 from service.settings import Backend
@@ -48,10 +48,14 @@ class DatasetSource(BaseModel):
     rewards: list[RewardSpec] = Field(
         default_factory=list,
         max_length=16,
-        description='online: the rewards of the policy\'s completions, e.g. [{"name": "correctness", "weight": 1}].',
+        description='online: the rewards of the policy\'s completions, e.g. [{"name": "correctness", "weight": 1}]; '
+        "judge and completion score each prompt's group with the judge model.",
     )
     answer_field: str = Field(
         "answer", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$", description="Metadata field of the expected answer."
+    )
+    judge: JudgeChoice | None = Field(
+        None, description="online, with the judge or completion reward: the judge's model and rubric."
     )
 
 

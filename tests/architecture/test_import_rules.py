@@ -8,19 +8,21 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"service", "supervisor", "trainer", "trajectories", "environments", "migrations"}
+FIRST_PARTY = {"service", "supervisor", "trainer", "trajectories", "judging", "environments", "migrations"}
 
 # package -> first-party packages it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     "trajectories": set(),
     "supervisor": set(),
     "trainer": {"trajectories"},
-    "environments": {"trajectories"},
-    "service": {"supervisor", "trainer", "trajectories"},
+    "judging": {"trajectories"},
+    "environments": {"trajectories", "judging"},
+    "service": {"supervisor", "trainer", "trajectories", "judging"},
 }
 # third-party modules a package must never import, with the reason
 FORBIDDEN_THIRD_PARTY: dict[str, dict[str, str]] = {
     "supervisor": {"fastapi": "supervision knows nothing of HTTP", "starlette": "supervision knows nothing of HTTP"},
+    "judging": {"sqlalchemy": "no database: the caller gives the cache its store", "fastapi": "no web framework"},
     "trajectories": {
         "fastapi": "pure logic",
         "sqlalchemy": "pure logic: no database",

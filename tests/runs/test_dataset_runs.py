@@ -1,6 +1,6 @@
 """Runs that train on a trajectory dataset: the refusals made before anything starts, and an offline run through
 the real lifecycle (run-api, trainer on the tiny model, the dataset_offline environment), with its held-out
-split and its lineage."""
+split and its lineage. The online run is in test_dataset_judge_runs.py (its rewards: the judge's and a scorer's)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,17 @@ def test_a_dataset_that_cannot_train_is_refused_before_anything_starts(run_servi
             ({"dataset": {"id": scored}, "config": {"epochs": 0}}, 422, "VALIDATION_ERROR"),
             ({"dataset": {"id": scored}, "config": {"group_size": 3, "batch_size": 8}}, 422, "VALIDATION_ERROR"),
             ({"dataset": {"id": scored, "held_out": 1.0}}, 422, "VALIDATION_ERROR"),
+            # this service has no judge: an online run cannot ask for the rewards that need one
+            (
+                {"dataset": {"id": scored, "mode": "online", "rewards": [{"name": "judge"}]}},
+                409,
+                "JUDGE_NOT_CONFIGURED",
+            ),
+            (
+                {"dataset": {"id": scored, "mode": "online", "rewards": [{"name": "completion"}]}},
+                409,
+                "JUDGE_NOT_CONFIGURED",
+            ),
         ]:
             response = start(client, **body)
             assert (response.status_code, error_of(response)["code"]) == (status, code), (body, response.text)
@@ -142,42 +153,3 @@ def test_an_offline_run_trains_on_the_stored_completions(run_service: LiveServic
         assert [(r["id"], r["mode"], r["status"]) for r in lineage] == [(run_id, "offline", "completed")]
         listed = client.get("/runs", params={"dataset_id": dataset}).json()["runs"]
         assert [r["id"] for r in listed] == [run_id]
-
-
-def test_an_online_run_samples_the_dataset_prompts_and_scores_them_by_reward(run_service: LiveService) -> None:
-    with run_service.client() as client:
-        dataset = upload_records(client, echo_records(8, 1))["id"]  # unscored: online runs score their own
-        missing = start(client, dataset={"id": dataset, "mode": "online"})
-        assert missing.status_code == 422 and error_of(missing)["details"]["field"] == "dataset.rewards"
-        unknown = start(client, dataset={"id": dataset, "mode": "online", "rewards": [{"name": "nonesuch"}]})
-        assert unknown.status_code == 404 and error_of(unknown)["code"] == "REWARD_NOT_FOUND"
-
-        response = start(
-            client,
-            dataset={"id": dataset, "mode": "online", "held_out": 0.25, "rewards": [{"name": "echo"}]},
-            config={"group_size": 4, "batch_size": 8, "max_tokens": 8},
-        )
-        assert response.status_code == 201, response.text
-        created = response.json()
-        assert created["environment"] == "dataset_online" and created["dataset_mode"] == "online"
-        assert created["dataset"]["counts"] == {"prompts": 8, "train_prompts": 6, "held_out_prompts": 2}
-        merged = yaml.safe_load(Path(created["config_path"]).read_text())
-        assert merged["env"]["rewards"][0]["name"] == "echo" and merged["env"]["rewards"][0]["file"].endswith("echo.py")
-
-        final = wait_for_status(client, created["id"], {"completed"}, timeout=300)
-        assert final["last_step"] == 6  # the locked local total_steps of these tests
-        series = client.get(f"/runs/{created['id']}/metrics").json()["metrics"]
-        assert len(series["reward/mean"]) == 6
-        assert "train/reward_mean" in series  # the environment's own, through the env hook
-        # echo scores vary inside a group: the policy's own completions train
-        assert sum(value for _, value in series["batch/trained_tokens"]) > 0
-
-        held_out = client.get(f"/runs/{created['id']}/prompts").json()
-        assert held_out["total"] == 2 and held_out["split"] == "held_out"
-        assert held_out["prompts"][0]["records"] is None  # online: prompts only
-        assert held_out["prompts"][0]["metadata"]["answer"].isdigit()
-        training = {
-            p["group_key"]
-            for p in client.get(f"/runs/{created['id']}/prompts", params={"split": "train"}).json()["prompts"]
-        }
-        assert not training & {p["group_key"] for p in held_out["prompts"]}
