@@ -19,7 +19,9 @@ MAX_GROUP_SIZE = 128
 MAX_MODELS = 8
 # Model ids as providers spell them (`qwen/qwen3-8b`, `org/model:free`, a local path); no spaces, no backslash.
 MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,199}$"
-BASE_URL_PATTERN = r"^https?://[A-Za-z0-9._~-]+(:[0-9]{1,5})?(/[^\s]*)?$"
+# The path is printable ASCII (anything else is percent-encoded in a URL). Not `\S`: Python's and JSON Schema's
+# regexes disagree on what is whitespace (U+0085), and a client must be able to trust the published pattern.
+BASE_URL_PATTERN = r"^https?://[A-Za-z0-9._~-]+(:[0-9]{1,5})?(/[!-~]*)?$"
 
 ModelId = Annotated[str, Field(pattern=MODEL_PATTERN)]
 

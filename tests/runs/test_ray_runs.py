@@ -107,12 +107,12 @@ def trainer_started(client: httpx.Client, run_id: str) -> dict[str, Any]:
 
 
 def stopped_during_start_up(client: httpx.Client, jobs: JobSubmissionClient, run_id: str) -> dict[str, Any]:
-    """Stop a starting run; it ends `stopped`, its started processes gone, the environment never started, and Ray
-    ends its job."""
+    """Stop a starting run; it ends `stopped` without ever running, every process it started is gone, and Ray ends
+    its job. (The environment may have started: it is spawned beside the API, docs/RUNS.md#process-order.)"""
     answer = client.post(f"/runs/{run_id}/stop", params={"wait_s": scaled(120)}).json()
     assert answer["status"] == "stopped" and answer["failure"] is None, answer
     started = [p for p in answer["processes"] if p["pid"]]
-    assert pid_of(answer, "env") is None, "the environment started although the start-up was stopped"
+    assert answer["started_at"] is None, "the run reached running although its start-up was stopped"
     assert not any(process_alive(p["pid"]) for p in started), answer["processes"]
     wait_until(
         lambda: jobs.get_job_status(answer["executor_handle"]).value in ("STOPPED", "SUCCEEDED"),
