@@ -22,14 +22,20 @@ from pathlib import Path
 import psutil
 
 from supervisor.executor import Executor, ProcessRecord, Resources, Usage
-from supervisor.process import ExitStatus, Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
+from supervisor.process import (
+    VISIBLE_DEVICES,
+    ExitStatus,
+    Liveness,
+    ProcessIdentity,
+    SupervisedProcess,
+    identity_liveness,
+)
 from supervisor.run import START_ORDER, Failure, Outcome, RunEvents, RunPlan, RunSupervisor, read_tail
 
 logger = logging.getLogger("rlctl.supervisor")
 
 GB = 1_000_000_000
 NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the NVIDIA driver sees
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 GPU_HANDLE_PREFIX = "gpus:"
 
 

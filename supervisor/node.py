@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
+from supervisor.process import VISIBLE_DEVICES, ExitStatus, ProcessSpec, SupervisedProcess
 from supervisor.readiness import atropos_env_registered, http_answers
 from supervisor.run import LOG_TAIL_LINES, Failure, Outcome, RunPlan, RunSupervisor, read_tail
 
@@ -53,7 +53,6 @@ ENV_CONTROL_URL = "RLCTL_NODE_CONTROL_URL"
 ENV_RUN_ID = "RLCTL_NODE_RUN_ID"
 ENV_SECRET = "RLCTL_NODE_SECRET"  # the bootstrap secret; removed from this process's environment once read
 ENV_DATA_DIR = "RLCTL_NODE_DATA_DIR"
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 SECRET_HEADER = "X-Rlctl-Run-Secret"
 MIRRORED_LOGS = ("api", "trainer", "env")
 CHUNK_BYTES = 64 * 1024  # per file per report (5 files stay far below the 1 MiB body limit); a backlog takes several

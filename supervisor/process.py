@@ -21,6 +21,8 @@ import psutil
 
 START_TIME_TOLERANCE_S = 0.05
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# The variable that says which GPUs a process sees: set in a spec's env by the executors (local.py, node.py).
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 class Liveness(Enum):
