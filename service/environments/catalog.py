@@ -121,10 +121,13 @@ class EnvironmentCatalog:
         if cached:
             return cached
         with file_lock:
-            schema = self._known(env, key)
+            schema = self._remembered(key)
             if schema is None:
-                schema = self._introspect(env)
-                self._keep(env, key, schema, stored=False)
+                store_key = self._store_key(env)
+                schema = self._load(key, store_key)
+                if schema is None:
+                    schema = self._introspect(env)
+                    self._keep(key, schema, store_key)
             return schema
 
     def warm(self) -> None:
@@ -147,12 +150,19 @@ class EnvironmentCatalog:
         for lock in locks:  # always in path order: config_schema holds at most one of them
             lock.acquire()
         try:
-            pending = [(env, key) for env in envs if self._known(env, key := self._memory_key(env)) is None]
+            pending = []
+            for env in envs:
+                key = self._memory_key(env)
+                if self._remembered(key) is None:
+                    store_key = self._store_key(env)
+                    if self._load(key, store_key) is None:
+                        pending.append((env, key, store_key))
             if not pending:
                 return
-            for (env, key), schema in zip(pending, self._introspect_many([env for env, _ in pending]), strict=True):
+            schemas = self._introspect_many([env for env, _, _ in pending])
+            for (_, key, store_key), schema in zip(pending, schemas, strict=True):
                 if schema is not None:
-                    self._keep(env, key, schema, stored=False)
+                    self._keep(key, schema, store_key)
         finally:
             for lock in reversed(locks):
                 lock.release()
@@ -160,29 +170,34 @@ class EnvironmentCatalog:
     def _memory_key(self, env: EnvironmentInfo) -> tuple[Path, str, tuple[Any, ...]]:
         return (env.file_path, env.class_name, _directory_signature(env.file_path.parent))
 
-    def _known(self, env: EnvironmentInfo, key: tuple[Path, str, tuple[Any, ...]]) -> ConfigSchema | None:
-        """The schema in memory, else the stored one (then kept in memory too); None when neither has it."""
+    def _remembered(self, key: tuple[Path, str, tuple[Any, ...]]) -> ConfigSchema | None:
         with self._lock:
-            cached = self._schemas.get(key)
-        if cached is not None or self._store is None:
-            return cached
-        stored = self._store.load(self._store_key(env))
+            return self._schemas.get(key)
+
+    def _load(self, key: tuple[Path, str, tuple[Any, ...]], store_key: str | None) -> ConfigSchema | None:
+        """The stored schema (then kept in memory too); None when there is no store or it has none."""
+        stored = self._store.load(store_key) if self._store is not None and store_key is not None else None
         if stored is not None:
-            self._keep(env, key, stored, stored=True)
+            self._remember(key, stored)
         return stored
 
-    def _keep(
-        self, env: EnvironmentInfo, key: tuple[Path, str, tuple[Any, ...]], schema: ConfigSchema, stored: bool
-    ) -> None:
-        with self._lock:
+    def _keep(self, key: tuple[Path, str, tuple[Any, ...]], schema: ConfigSchema, store_key: str | None) -> None:
+        """A schema just read from a child: in memory, and in the store."""
+        self._remember(key, schema)
+        if self._store is not None and store_key is not None:
+            self._store.save(store_key, schema)
+
+    def _remember(self, key: tuple[Path, str, tuple[Any, ...]], schema: ConfigSchema) -> None:
+        with self._lock:  # one version per (file, class): an older one is dropped
             self._schemas = {k: v for k, v in self._schemas.items() if k[:2] != key[:2]}
             self._schemas[key] = schema
-        if self._store is not None and not stored:
-            self._store.save(self._store_key(env), schema)
 
-    def _store_key(self, env: EnvironmentInfo) -> str:
+    def _store_key(self, env: EnvironmentInfo) -> str | None:
         """Everything the child's answer depends on: the file, the class, the content of every Python file beside
-        it (its bases may live there), the interpreter and the keyed part of the child's environment."""
+        it (its bases may live there), the interpreter and the keyed part of the child's environment. Computed
+        once per miss (it reads the directory's files); None without a store."""
+        if self._store is None:
+            return None
         child = self._child_environment()
         parts = {
             "version": SCHEMA_STORE_VERSION,
