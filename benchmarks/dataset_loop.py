@@ -17,16 +17,12 @@ minus the base's, with its 95 % interval).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.ports import free_ports  # noqa: E402 - after the repository is on the path
+from tests.support.served_model import echo_collection, served_model  # noqa: E402 - after the repository is on the path
 from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 
@@ -53,43 +49,6 @@ run_job, start_service, stop_service = _BENCH.run_job, _BENCH.start_service, _BE
 
 
 STEP_PARTS = ("time/datum_build_s", "time/forward_backward_s", "time/optimizer_s", "time/publish_s")
-
-
-def echo_prompts(count: int) -> list[dict[str, Any]]:
-    digits = [f"{(7919 * (p + 11)) % 10000:04d}" for p in range(count)]
-    return [{"prompt": f"Echo: {d}", "answer": d} for d in digits]
-
-
-@contextlib.contextmanager
-def served_model(model_dir: Path) -> Iterator[str]:
-    """`rlctl model serve` of the base model, as a collection's endpoint."""
-    port = free_ports(1)[0]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "model", "serve", str(model_dir), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the model server did not start")
-            time.sleep(0.2)
-        yield base_url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def wait_for(client: httpx.Client, path: str, done: set[str]) -> dict[str, Any]:
@@ -122,18 +81,7 @@ def timed(label: str, times: dict[str, float], action: Any) -> Any:
 
 
 def collect(client: httpx.Client, base_url: str, model_dir: Path, prompts: int, samples: int) -> str:
-    body = {
-        "name": "echo-collected",
-        "prompts": echo_prompts(prompts),
-        "base_url": f"{base_url}/v1",
-        "model": str(model_dir),
-        "runs_per_prompt": samples,
-        "concurrency": 4,
-        "max_turns": 1,
-        "max_tokens": 8,
-        "tools": [],
-        "discard_without_reasoning": False,  # the tiny model never reasons
-    }
+    body = echo_collection(base_url, model_dir, prompts, samples)
     created = client.post("/collections", json=body)
     created.raise_for_status()
     collection = wait_for(client, f"/collections/{created.json()['id']}", {"completed", "failed"})
@@ -157,7 +105,10 @@ def main() -> int:
         model_dir = init_tiny_model(data_dir / "models" / "tiny-qwen3", seed=0)  # the local runs' base model
         service = start_service(data_dir)
         try:
-            with served_model(model_dir) as base_url, httpx.Client(base_url=service.base_url, timeout=120) as client:
+            with (
+                served_model(str(model_dir), timeout=300) as base_url,
+                httpx.Client(base_url=service.base_url, timeout=120) as client,
+            ):
                 loop_started = time.monotonic()
                 collected = timed(
                     "collect", times, lambda: collect(client, base_url, model_dir, args.prompts, args.samples)

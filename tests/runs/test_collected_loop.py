@@ -13,17 +13,12 @@ import pytest
 from tests.datasets_api.conftest import succeeded
 from tests.runs.conftest import wait_for_status
 from tests.support.live import in_process_service
+from tests.support.served_model import echo_collection, served_model
 from tests.support.waiting import wait_until
-from tests.trainer.test_model_serve import served
 from trainer.tiny_model import init_tiny_model
 
 PROMPTS = 16
 SAMPLES = 8  # answers per prompt: a group for GRPO
-
-
-def echo_prompts(count: int) -> list[dict[str, Any]]:
-    digits = [f"{(7919 * (p + 11)) % 10000:04d}" for p in range(count)]
-    return [{"prompt": f"Echo: {d}", "answer": d} for d in digits]
 
 
 @pytest.mark.e2e
@@ -32,19 +27,8 @@ def test_trajectories_collected_from_the_served_base_model_train_a_checkpoint_th
 ) -> None:
     settings = run_settings()
     model_dir = init_tiny_model(settings.tiny_model_dir, seed=0)  # the base model of the service's local runs
-    with served(str(model_dir)) as base_url, in_process_service(settings) as live, live.client() as client:
-        body = {
-            "name": "echo-collected",
-            "prompts": echo_prompts(PROMPTS),
-            "base_url": f"{base_url}/v1",
-            "model": str(model_dir),
-            "runs_per_prompt": SAMPLES,
-            "concurrency": 4,
-            "max_turns": 1,
-            "max_tokens": 8,
-            "tools": [],
-            "discard_without_reasoning": False,  # the tiny model never reasons
-        }
+    with served_model(str(model_dir)) as base_url, in_process_service(settings) as live, live.client() as client:
+        body = echo_collection(base_url, model_dir, PROMPTS, SAMPLES)
         created = client.post("/collections", json=body)
         assert created.status_code == 202, created.text
 

@@ -3,41 +3,12 @@ a real process on a loopback port."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from supervisor.ports import free_ports
-from tests.support.waiting import wait_until
+from tests.support.served_model import served_model
 from trainer.evaluate import backend_for
-
-
-@contextmanager
-def served(*argv: str) -> Iterator[str]:
-    port = free_ports(1)[0]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "model", "serve", *argv, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{base_url}/health").status_code == 200, timeout=120, message="model served")
-        yield base_url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def chat(base_url: str) -> dict:
@@ -54,12 +25,12 @@ def test_a_model_and_a_checkpoint_are_served_openai_style(tiny_model_dir: Path, 
             parameter.data.normal_(0, 0.5)
     checkpoint = backend.save_checkpoint(1).path
 
-    with served(str(tiny_model_dir)) as base_url:
+    with served_model(str(tiny_model_dir)) as base_url:
         models = httpx.get(f"{base_url}/v1/models").json()
         assert models["data"][0]["id"] == str(tiny_model_dir)
         base_answer = chat(base_url)
         assert base_answer["choices"][0]["finish_reason"] in ("stop", "length")
-    with served(str(tiny_model_dir), "--adapter", checkpoint) as base_url:
+    with served_model(str(tiny_model_dir), "--adapter", checkpoint) as base_url:
         adapted = chat(base_url)
     # greedy answers: the adapter changes what the model says
     assert adapted["choices"][0]["message"]["content"] != base_answer["choices"][0]["message"]["content"]
