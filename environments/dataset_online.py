@@ -24,15 +24,12 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
-from judging.client import CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
+from judging.client import JUDGE_KEY_ENV, CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
 from judging.groups import completion_rule, decide_group, record_outcomes
 from trajectories.judge import COMPLETION_REWARD, DEFAULT_RUBRIC, GROUP_REWARDS
 from trajectories.records import TrajectoryRecord
 from trajectories.rewards import Unscored, WeightedReward, build_rewards, score_record
 from trajectories.training import record_with_completion
-
-# The judge's key, put in this process's environment by rlctl (service/runs/launch.py); read once, then removed.
-JUDGE_KEY_ENV = "RLCTL_RUN_JUDGE_KEY"
 
 
 def default_tokenizer_dir() -> str:

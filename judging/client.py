@@ -20,6 +20,10 @@ from trajectories.judge import JudgeReplyError, JudgeVerdict, cache_key, content
 from trajectories.records import TrajectoryRecord
 
 MAX_JUDGE_OUTPUT_TOKENS = 4096
+# An online run's judge key reaches its environment process in this variable only (service/runs/launch.py puts it
+# there, environments/dataset_online.py takes it out). Not the setting's own name (RLCTL_JUDGE_API_KEY): a Ray plan
+# leaves out what the control plane's own environment holds (service/runs/node.py), and must still carry it.
+JUDGE_KEY_ENV = "RLCTL_RUN_JUDGE_KEY"
 
 
 class JudgeFailed(Exception):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from judging.client import JUDGE_KEY_ENV
 from service.datasets.judge_client import judge_endpoint
 from service.runs.paths import RunPaths
 from service.runs.wandb import WandbMode, wandb_environment
@@ -18,9 +19,6 @@ from supervisor.readiness import atropos_env_registered, http_answers
 from supervisor.run import API, ENV, TRAINER
 
 ENV_HOOKS_DIR = REPO_ROOT / "supervisor" / "envhooks"
-# environments/dataset_online.py reads it; not the setting's own name (RLCTL_JUDGE_API_KEY), so a Ray plan, which
-# leaves out what the control plane's own environment holds, still carries it (service/runs/node.py)
-JUDGE_KEY_ENV = "RLCTL_RUN_JUDGE_KEY"
 
 
 @dataclass(frozen=True)
