@@ -54,12 +54,17 @@ class AppContext:
 
     def start_warm_up(self) -> None:
         """The start-up work a first request would otherwise wait for (docs/RUNS.md#start-up-work), each part in
-        a background thread over a child process: every environment's config schema, and the local backend's tiny
-        model when it is the default backend's model. Requests that need either wait for it, not for a second one."""
+        a background thread over a child process: every environment's config schema, the local backend's tiny
+        model when it is the default backend's model, and the runs' fork server. Requests that need one wait for
+        it, not for a second one."""
         if not self.settings.warm_up or self._warm_up_started:
             return
         self._warm_up_started = True
         work: list[tuple[str, Callable[[], object]]] = [("environment schemas", self.catalog.warm)]
+        if self.settings.fork_server and self.settings.executor == "local":
+            from service.runs.launch import process_fork_server  # the runs domain imports this module
+
+            work.append(("fork server", process_fork_server().start))
         if (
             self.settings.effective_default_backend == Backend.LOCAL
             and not self.settings.local_base_model

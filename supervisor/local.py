@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.executor import Executor, ProcessRecord, Resources, Usage
+from supervisor.forkserver import ForkServer
 from supervisor.process import (
     VISIBLE_DEVICES,
     ExitStatus,
@@ -143,9 +144,12 @@ def available_memory_gb() -> float:
 class LocalExecutor(Executor):
     name = "local"
 
-    def __init__(self, max_runs: int | None = None, host: Host | None = None) -> None:
+    def __init__(
+        self, max_runs: int | None = None, host: Host | None = None, fork_server: ForkServer | None = None
+    ) -> None:
         self.max_runs = max_runs  # None: no limit on the number of runs
         self.host = host or Host.detect()
+        self.fork_server = fork_server  # runs' processes are forked from it (None: each started anew)
         self.gpus = GpuPool(self.host.gpu_ids)
         self._supervisors: dict[str, RunSupervisor] = {}
         self._lock = threading.Lock()
@@ -243,7 +247,7 @@ class LocalExecutor(Executor):
     # --- inside ---
 
     def _watch(self, plan: RunPlan, events: RunEvents) -> RunSupervisor:
-        supervisor = RunSupervisor(plan, _Forgetting(events, lambda: self._forget(plan.run_id)))
+        supervisor = RunSupervisor(plan, _Forgetting(events, lambda: self._forget(plan.run_id)), self.fork_server)
         with self._lock:
             self._supervisors[plan.run_id] = supervisor
         return supervisor

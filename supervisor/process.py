@@ -11,6 +11,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from enum import Enum
 from pathlib import Path
 
 import psutil
+
+from supervisor.forkserver import ForkServer, LaunchRequest, read_exit, runnable
 
 START_TIME_TOLERANCE_S = 0.05
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -93,16 +96,30 @@ def identity_liveness(identity: ProcessIdentity) -> Liveness:
 
 
 class SupervisedProcess:
-    def __init__(self, role: str, identity: ProcessIdentity, log_path: Path, popen: subprocess.Popen | None) -> None:
+    def __init__(
+        self,
+        role: str,
+        identity: ProcessIdentity,
+        log_path: Path,
+        popen: subprocess.Popen | None,
+        forked: bool = False,
+    ) -> None:
         self.role = role
         self.identity = identity
         self.log_path = log_path
         self._popen = popen
+        self._forked = forked  # by a fork server (supervisor/forkserver.py), which reaps it and records its exit
         self._exit: ExitStatus | None = None
 
     @classmethod
-    def spawn(cls, spec: ProcessSpec) -> SupervisedProcess:
+    def spawn(cls, spec: ProcessSpec, fork_server: ForkServer | None = None) -> SupervisedProcess:
+        """A new process; forked from the fork server when one is given and can run the command, else started."""
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if fork_server is not None and not spec.die_with_parent and runnable(spec.argv, sys.executable):
+            request = LaunchRequest(spec.argv, spec.env, str(spec.cwd), str(spec.log_path))
+            if (forked := fork_server.launch(request)) is not None:
+                pid, start_time = forked
+                return cls(spec.role, ProcessIdentity(pid, pid, start_time), spec.log_path, None, forked=True)
         with spec.log_path.open("ab") as log:
             popen = subprocess.Popen(
                 list(spec.argv),
@@ -135,19 +152,33 @@ class SupervisedProcess:
 
     @property
     def adopted(self) -> bool:
-        return self._popen is None
+        return self._popen is None and not self._forked
 
     def poll(self) -> ExitStatus | None:
-        """None while running; the exit status once it has ended."""
+        """None while running; the exit status once it has ended (the code unknown for an adopted process that
+        no fork server recorded)."""
         if self._exit is not None:
             return self._exit
         if self._popen is not None:
             code = self._popen.poll()
             if code is not None:
                 self._exit = _status_from_returncode(code)
+            return self._exit
+        if (recorded := self._recorded_exit()) is not None:
+            self._exit = recorded
+        elif self._forked and _zombie(self.identity.pid):
+            return None  # ended, but the fork server has not reaped it and written its exit yet
         elif identity_liveness(self.identity) is Liveness.DEAD:
-            self._exit = ExitStatus()
+            self._exit = self._recorded_exit() or ExitStatus()  # recorded since the first look, or never
         return self._exit
+
+    def _recorded_exit(self) -> ExitStatus | None:
+        status = read_exit(self.log_path, self.identity.pid, self.identity.start_time, START_TIME_TOLERANCE_S)
+        if status is None:
+            return None
+        if os.WIFSIGNALED(status):
+            return ExitStatus(signal=os.WTERMSIG(status))
+        return ExitStatus(code=os.waitstatus_to_exitcode(status))
 
     def liveness(self) -> Liveness:
         if self.poll() is not None:
@@ -193,6 +224,13 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when the thread that spawned it ends (its parent's death)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def live_group_members(pgid: int) -> list[int]:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from supervisor.forkserver import ForkServer
 from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
 from supervisor.readiness import (
     READINESS_PROBE_INTERVAL_S,
@@ -84,9 +85,10 @@ class RunPlan:
 
 
 class RunSupervisor:
-    def __init__(self, plan: RunPlan, events: RunEvents) -> None:
+    def __init__(self, plan: RunPlan, events: RunEvents, fork_server: ForkServer | None = None) -> None:
         self.plan = plan
         self.events = events
+        self.fork_server = fork_server  # the processes are forked from it where it can (supervisor/forkserver.py)
         self.processes: dict[str, SupervisedProcess] = {}
         self._stop = threading.Event()
         self._detach = threading.Event()
@@ -167,7 +169,7 @@ class RunSupervisor:
             for spec in [s for s in pending if waits_for[s.role] <= ready]:
                 if self._stop.is_set():
                     raise StartupCancelled()
-                process = SupervisedProcess.spawn(spec)
+                process = SupervisedProcess.spawn(spec, self.fork_server)
                 self.processes[spec.role] = process
                 self.events.process_started(process)
                 deadlines[spec.role] = time.monotonic() + spec.ready_timeout_s

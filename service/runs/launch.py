@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +15,18 @@ from service.datasets.judge_client import judge_endpoint
 from service.runs.paths import RunPaths
 from service.runs.wandb import WandbMode, wandb_environment
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
+from supervisor.forkserver import ForkServer
 from supervisor.process import ProcessSpec
 from supervisor.readiness import atropos_env_registered, http_answers
 from supervisor.run import API, ENV, TRAINER
 
 ENV_HOOKS_DIR = REPO_ROOT / "supervisor" / "envhooks"
+# What the fork server imports once for every run process forked from it (docs/RUNS.md#the-fork-server): the
+# trainer's and the environment's heavy imports, and the Atropos API.
+RUN_PRELOAD = ("torch", "transformers", "peft", "atroposlib.envs.base", "atroposlib.api")
+
+_fork_server: ForkServer | None = None
+_fork_server_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,15 @@ def judge_key(settings: Settings, paths: RunPaths) -> str | None:
         return None
     endpoint = judge_endpoint(settings)
     return endpoint[1] if endpoint else None
+
+
+def process_fork_server() -> ForkServer:
+    """One per service process (the apps a test session builds in one process share it); started on first use."""
+    global _fork_server
+    with _fork_server_lock:
+        if _fork_server is None:
+            _fork_server = ForkServer(RUN_PRELOAD, _base_environment())
+        return _fork_server
 
 
 def _base_environment() -> dict[str, str]:

@@ -1,0 +1,368 @@
+"""A pre-imported parent that run processes are forked from (docs/RUNS.md#the-fork-server).
+
+Every run starts Python processes that import the same heavy libraries (torch, transformers, atroposlib): seconds
+of CPU each, paid again by every run. The fork server imports them once; a process the supervisor asks it for is a
+fork of it that then becomes what `python -m MODULE ...` or `python SCRIPT ...` would have been: its own session
+and process group, its own log on stdout and stderr, its own environment (replaced whole), working directory,
+`sys.argv` and `sys.path` (its PYTHONPATH entries and their `sitecustomize`, as an interpreter start imports them).
+
+The server is a child of the service, spoken to over a socket pair: one JSON line per request, one per answer. It
+reaps the processes it forked and writes each one's exit status beside its log (`trainer.log` →
+`trainer.log.exit`), with the pid and start time that recognise it, so the supervisor reads an exit code it could
+not wait for itself, also after a restart of the service. When the service goes (its end of the socket closes)
+the server forks nothing more and exits once its last process has.
+
+What a fork inherits from the server and a fresh interpreter would not have: the modules it imported (read with
+the server's environment, which is the service's own less its secrets) and the hash seed of `str` keys. Random
+generators are seeded again in each fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib
+import io
+import json
+import os
+import random
+import runpy
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+EXIT_SUFFIX = ".exit"
+READY = "ready"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What to become: `argv` as a command line would give it (`[python, "-m", module, ...]` or `[python, script,
+    ...]`), the whole environment, the working directory and the log that takes stdout and stderr."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    log_path: str
+
+    def to_json(self) -> str:
+        return json.dumps({"argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd, "log": self.log_path})
+
+    @classmethod
+    def from_json(cls, line: str) -> LaunchRequest:
+        data = json.loads(line)
+        return cls(data["argv"], data["env"], data["cwd"], data["log"])
+
+
+def runnable(argv: Sequence[str], python: str) -> bool:
+    """Can the server become this command? Only this interpreter, running a module or a script, without options."""
+    return len(argv) >= 2 and argv[0] == python and (argv[1] == "-m" and len(argv) >= 3 or not argv[1].startswith("-"))
+
+
+def exit_path(log_path: Path) -> Path:
+    return log_path.with_name(log_path.name + EXIT_SUFFIX)
+
+
+def read_exit(log_path: Path, pid: int, start_time: float, tolerance_s: float) -> int | None:
+    """The raw wait status the server recorded for this process (pid and start time), or None."""
+    try:
+        recorded = json.loads(exit_path(log_path).read_text())
+    except (OSError, ValueError):
+        return None
+    if recorded.get("pid") != pid or abs(float(recorded.get("start_time", 0)) - start_time) > tolerance_s:
+        return None
+    return int(recorded["wait_status"])
+
+
+class ForkServer:
+    """The service's side: the server is started on first use (or by `start`), and asked one request at a time.
+
+    Any failure (it cannot start, it died, it cannot fork) answers None, and the caller spawns the process itself;
+    the next request starts a new server.
+    """
+
+    def __init__(self, preload: Sequence[str], env: Mapping[str, str], ready_timeout_s: float = 300.0) -> None:
+        self.preload = tuple(preload)
+        self._env = dict(env)  # the server's own, read by the modules it imports
+        self._ready_timeout_s = ready_timeout_s
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._reader: io.TextIOWrapper | None = None
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> bool:
+        with self._lock:
+            return self._connected()
+
+    def launch(self, request: LaunchRequest) -> tuple[int, float] | None:
+        """The forked process's pid and start time, or None."""
+        with self._lock:
+            if not self._connected():
+                return None
+            assert self._sock is not None and self._reader is not None
+            try:
+                self._sock.sendall((request.to_json() + "\n").encode())
+                answer = json.loads(self._reader.readline() or "{}")
+            except (OSError, ValueError):
+                self._disconnect()
+                return None
+            if "pid" not in answer:
+                return None
+            return int(answer["pid"]), float(answer["start_time"])
+
+    def close(self) -> None:
+        """Closes our end: the server forks nothing more and exits once its processes have."""
+        with self._lock:
+            self._disconnect()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    def _connected(self) -> bool:
+        if self._sock is not None and self._process is not None and self._process.poll() is None:
+            return True
+        self._disconnect()
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()), *self.preload],
+                pass_fds=(theirs.fileno(),),
+                env=self._env,
+                cwd=str(Path(__file__).resolve().parent.parent),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a stop of the service's group is not the server's: its socket closing is
+            )
+        except OSError:
+            ours.close()
+            return False
+        finally:
+            theirs.close()
+        self._sock, self._reader = ours, ours.makefile("r", encoding="utf-8")
+        ours.settimeout(self._ready_timeout_s)
+        try:
+            ready = self._reader.readline().strip() == READY
+        except OSError:
+            ready = False
+        if not ready:
+            self._disconnect()
+            return False
+        ours.settimeout(60.0)
+        return True
+
+    def _disconnect(self) -> None:
+        for closable in (self._reader, self._sock):
+            if closable is not None:
+                with contextlib.suppress(OSError):
+                    closable.close()
+        self._sock = self._reader = None
+        if self._process is not None and self._process.poll() is not None:
+            self._process = None
+
+
+# --- the server ---
+
+
+def serve(sock: socket.socket, preload: Sequence[str]) -> None:
+    for module in preload:
+        with contextlib.suppress(Exception):  # a module that does not import here is imported by the fork itself
+            importlib.import_module(module)
+    children: dict[int, tuple[Path, float]] = {}
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the loop through the fd
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the service's group stop is not ours: its socket closing is
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reader = sock.makefile("r", encoding="utf-8")
+    sock.sendall((READY + "\n").encode())
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wakeup_read, selectors.EVENT_READ)
+    connected = True
+    while connected or children:
+        for key, _ in selector.select():
+            if key.fileobj is sock:
+                line = reader.readline()
+                if not line:
+                    connected = False
+                    selector.unregister(sock)
+                    continue
+                answer = _fork(LaunchRequest.from_json(line), children, (sock.fileno(), wakeup_read, wakeup_write))
+                with contextlib.suppress(OSError):
+                    sock.sendall((json.dumps(answer) + "\n").encode())
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wakeup_read, 4096)
+        _reap(children)
+
+
+def _fork(
+    request: LaunchRequest, children: dict[int, tuple[Path, float]], server_fds: tuple[int, ...]
+) -> dict[str, object]:
+    for stream in (sys.stdout, sys.stderr):  # nothing of ours may be flushed into the child's log
+        stream.flush()
+    try:
+        pid = os.fork()
+    except OSError as error:
+        return {"error": f"fork failed: {error}"}
+    if pid == 0:  # the child: never returns
+        _become(request, server_fds)
+    try:
+        start_time = psutil.Process(pid).create_time()
+    except psutil.Error:
+        start_time = 0.0
+    children[pid] = (Path(request.log_path), start_time)
+    return {"pid": pid, "start_time": start_time}
+
+
+def _reap(children: dict[int, tuple[Path, float]]) -> None:
+    while children:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        if pid in children:
+            log_path, start_time = children.pop(pid)
+            _record_exit(log_path, pid, start_time, wait_status)
+
+
+def _record_exit(log_path: Path, pid: int, start_time: float, wait_status: int) -> None:
+    """Written whole or not at all: a reader never sees half a record."""
+    target = exit_path(log_path)
+    record = json.dumps({"pid": pid, "start_time": start_time, "wait_status": wait_status})
+    with contextlib.suppress(OSError):
+        scratch = target.with_name(f".{target.name}.{pid}")
+        scratch.write_text(record)
+        scratch.replace(target)
+
+
+# --- the child ---
+
+
+def _become(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
+    code = 1
+    try:
+        _detach(request, server_fds)
+        code = _run(request.argv)
+    except BaseException:  # noqa: BLE001 - whatever happens, this process must not return into the server's loop
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        _exit(code)
+
+
+def _detach(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
+    """Everything an exec would have given a fresh process, less the imports."""
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for number in (signal.SIGCHLD, signal.SIGTERM):  # as a fresh interpreter has them (SIGPIPE stays ignored)
+        signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd in server_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    log = os.open(request.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    unbuffered = bool(request.env.get("PYTHONUNBUFFERED"))
+    sys.stdout = _text_stream(1, unbuffered)
+    sys.stderr = _text_stream(2, True)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _text_stream(fd: int, write_through: bool) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+        write_through=write_through,
+    )
+
+
+def _run(argv: Sequence[str]) -> int:
+    module = argv[2] if argv[1] == "-m" else None
+    first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[1]))
+    extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[:] = [first, *extra, *[entry for entry in sys.path[1:] if entry not in extra]]
+    if extra and any(Path(entry, "sitecustomize.py").is_file() for entry in extra):
+        sys.modules.pop("sitecustomize", None)
+        importlib.import_module("sitecustomize")
+    try:
+        if module:
+            sys.argv = [module, *argv[3:]]  # run_module puts the module's file in argv[0]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv[1:])
+            runpy.run_path(argv[1], run_name="__main__")
+    except SystemExit as exit_request:
+        return _exit_code(exit_request.code)
+    return 0
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(BaseException):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int) -> None:
+    """As an interpreter ends: wait for the threads that are not daemons, run the exit handlers, flush."""
+    with contextlib.suppress(BaseException):
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+    with contextlib.suppress(BaseException):
+        import atexit  # noqa: PLC0415
+
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m supervisor.forkserver FD MODULE...`: serve on the inherited socket FD after importing MODULEs."""
+    args = argv if argv is not None else sys.argv[1:]
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        serve(sock, args[1:])
+    except OSError as error:
+        if error.errno != errno.EPIPE:
+            raise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

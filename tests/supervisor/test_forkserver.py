@@ -1,0 +1,147 @@
+"""The fork server (supervisor/forkserver.py): a forked process is what its command line would have started, its
+exit is recorded where the supervisor reads it (also after a restart), and the server ends with its service."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.forkserver import ForkServer, exit_path, runnable
+from supervisor.process import ExitStatus, Liveness, ProcessSpec, SupervisedProcess
+from tests.support.reaper import process_alive
+from tests.support.waiting import wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# What the child prints about itself: the test compares it with what the command line would have given.
+REPORT = """
+import json, os, signal, sys
+import hooked_marker
+print(json.dumps({
+    "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "pgid": os.getpgid(0), "sid": os.getsid(0),
+    "ours": os.environ.get("ONLY_IN_THE_CHILD"), "servers": os.environ.get("ONLY_IN_THE_SERVER"),
+    "hooked": hooked_marker.HOOKED, "main": __name__,
+    "signals": [signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                signal.getsignal(signal.SIGINT) == signal.default_int_handler],
+}))
+print("to stderr", file=sys.stderr)
+raise SystemExit(int(sys.argv[-1]))
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[ForkServer]:
+    # `json` stands for the heavy imports: the test is about what a fork becomes, not about what it saves
+    fork_server = ForkServer(["json", "no_such_module_here"], {**os.environ, "ONLY_IN_THE_SERVER": "1"})
+    assert fork_server.start(), "the server starts (a module it cannot import is left to the forks)"
+    yield fork_server
+    pid = fork_server.pid
+    fork_server.close()
+    if pid is not None:
+        wait_until(lambda: not process_alive(pid), timeout=30, message="the server ends once its client is gone")
+
+
+def child_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A script beside a module, and a PYTHONPATH folder whose sitecustomize marks what imported it."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text("import hooked_marker\nhooked_marker.HOOKED = True\n")
+    (hooks / "hooked_marker.py").write_text("HOOKED = False\n")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "report.py").write_text(REPORT)
+    (scripts / "report_module.py").write_text(REPORT)
+    return hooks, scripts
+
+
+def child_spec(tmp_path: Path, argv: list[str], cwd: Path, hooks: Path, role: str) -> ProcessSpec:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(ONLY_IN_THE_CHILD="yes", PYTHONPATH=str(hooks), PYTHONUNBUFFERED="1")
+    return ProcessSpec(role=role, argv=argv, env=env, cwd=cwd, log_path=tmp_path / "logs" / f"{role}.log")
+
+
+def ended(process: SupervisedProcess) -> ExitStatus:
+    return wait_until(process.poll, timeout=60, message=f"{process.role} ends")
+
+
+def report_of(process: SupervisedProcess) -> dict:
+    lines = process.log_path.read_text().splitlines()
+    assert "to stderr" in lines, "stderr goes to the log too"
+    return json.loads(lines[0])
+
+
+def test_a_script_and_a_module_become_what_their_command_lines_would_start(tmp_path: Path, server: ForkServer) -> None:
+    hooks, scripts = child_files(tmp_path)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    script = SupervisedProcess.spawn(
+        child_spec(tmp_path, [sys.executable, str(scripts / "report.py"), "a", "3"], elsewhere, hooks, "script"),
+        server,
+    )
+    module = SupervisedProcess.spawn(
+        child_spec(tmp_path, [sys.executable, "-m", "report_module", "b", "0"], scripts, hooks, "module"), server
+    )
+    assert ended(script) == ExitStatus(code=3) and ended(module) == ExitStatus(code=0)
+    assert exit_path(script.log_path).exists() and exit_path(module.log_path).exists(), "forked: the server reaped"
+    for process, argv, cwd, path0 in (
+        (script, [str(scripts / "report.py"), "a", "3"], elsewhere, scripts),
+        (module, [str(scripts / "report_module.py"), "b", "0"], scripts, scripts),
+    ):
+        report = report_of(process)
+        assert report["argv"] == argv and report["cwd"] == str(cwd) and report["path0"] == str(path0)
+        assert report["pgid"] == report["sid"] == process.identity.pid == process.identity.pgid
+        assert (report["ours"], report["servers"]) == ("yes", None), "the environment is the request's, whole"
+        assert report["hooked"] is True and report["main"] == "__main__"
+        assert report["signals"] == [True, True, True], "signals as a fresh interpreter has them"
+
+
+def test_a_killed_fork_is_recorded_by_signal_and_read_again_after_a_restart(tmp_path: Path, server: ForkServer) -> None:
+    hooks, scripts = child_files(tmp_path)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    process = SupervisedProcess.spawn(
+        child_spec(tmp_path, [sys.executable, str(sleeper)], tmp_path, hooks, "sleeper"), server
+    )
+    wait_until(lambda: "up" in process.log_path.read_text(), timeout=60, message="the sleeper starts")
+    assert process.liveness() is Liveness.ALIVE and process.poll() is None
+    os.kill(process.identity.pid, signal.SIGKILL)
+    assert ended(process) == ExitStatus(signal=signal.SIGKILL)
+    recorded = json.loads(exit_path(process.log_path).read_text())
+    assert recorded["pid"] == process.identity.pid
+    # a restarted service knows it only by pid and start time, and still reads how it ended
+    adopted = SupervisedProcess.adopt("sleeper", process.identity, process.log_path)
+    assert adopted.poll() == ExitStatus(signal=signal.SIGKILL)
+    # an exit recorded for another process of that log (an earlier pid) is not this one's
+    other = SupervisedProcess.adopt(
+        "sleeper", process.identity.__class__(process.identity.pid + 1, process.identity.pid + 1, 1.0), process.log_path
+    )
+    assert other.poll() == ExitStatus()
+
+
+def test_what_the_server_cannot_run_is_started_as_before(tmp_path: Path, server: ForkServer) -> None:
+    assert runnable([sys.executable, "-m", "x"], sys.executable) and runnable([sys.executable, "s.py"], sys.executable)
+    assert not runnable([sys.executable, "-c", "pass"], sys.executable) and not runnable(["/bin/true"], sys.executable)
+    started = SupervisedProcess.spawn(
+        ProcessSpec(role="true", argv=["/bin/true"], env=dict(os.environ), cwd=tmp_path, log_path=tmp_path / "t.log"),
+        server,
+    )
+    assert ended(started) == ExitStatus(code=0) and not exit_path(started.log_path).exists()
+
+
+def test_a_dead_server_is_replaced_at_the_next_request(tmp_path: Path, server: ForkServer) -> None:
+    hooks, scripts = child_files(tmp_path)
+    first = server.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: not process_alive(first), timeout=30, message="the server is gone")
+    process = SupervisedProcess.spawn(
+        child_spec(tmp_path, [sys.executable, str(scripts / "report.py"), "0"], tmp_path, hooks, "again"), server
+    )
+    assert ended(process) == ExitStatus(code=0)
+    assert server.pid not in (None, first) and exit_path(process.log_path).exists(), "forked by a new server"
