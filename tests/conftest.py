@@ -15,6 +15,7 @@ from service.settings import Settings
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database, migrated_databases
 from tests.support.environment_schemas import shared_schemas
 from tests.support.live import InProcessService, in_process_service
+from tests.support.tiny_model import keep_session_models_in, seed_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,6 +58,12 @@ def environment_schemas_once(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_models(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The tiny model is built once per session, at first use (tests/support/tiny_model.py)."""
+    keep_session_models_in(tmp_path_factory.mktemp("session-models"))
+
+
 @pytest.fixture(scope="session")
 def session_databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigratedDatabases]:
     """The schema, migrated once per session; each test gets a database of its own in that state."""
@@ -71,7 +78,11 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path, session_databas
         yield url
 
 
-def build_settings(data_dir: Path, database_url: str, **overrides: Any) -> Settings:
+def build_settings(data_dir: Path, database_url: str, tiny_model: bool = True, **overrides: Any) -> Settings:
+    """Settings of a test's service; its data directory holds the session's tiny model unless `tiny_model` is
+    False (tests of the model's build)."""
+    if tiny_model:
+        seed_tiny_model(data_dir)
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "database_url": database_url,

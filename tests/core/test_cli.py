@@ -13,6 +13,7 @@ import pytest
 
 from service.db import migrate
 from tests.support.live import free_port
+from tests.support.tiny_model import seed_tiny_model
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
-    env.update({"RLCTL_DATA_DIR": str(tmp_path / "var"), **extra})
+    env.update({"RLCTL_DATA_DIR": str(seed_tiny_model(tmp_path / "var")), **extra})
     return env
 
 

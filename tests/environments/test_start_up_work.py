@@ -44,7 +44,7 @@ def _extra(directory: Path, difficulty: int) -> None:
 
 def _settings(tmp_path: Path, extra: Path, **overrides: object):  # type: ignore[no-untyped-def]
     values = {"environment_dirs": str(extra), "warm_up": True, "local_base_model": "unused-here", **overrides}
-    return build_settings(tmp_path / "var", f"sqlite:///{tmp_path / 'rlctl.db'}", **values)
+    return build_settings(tmp_path / "var", f"sqlite:///{tmp_path / 'rlctl.db'}", tiny_model=False, **values)
 
 
 def _difficulty(client) -> int:  # type: ignore[no-untyped-def]

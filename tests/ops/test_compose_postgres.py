@@ -42,6 +42,7 @@ from tests.ops.deployfiles import (
 )
 from tests.support.databases import POSTGRES_URL_VARIABLE
 from tests.support.live import free_port
+from tests.support.tiny_model import seed_tiny_model
 from tests.support.waiting import wait_until
 
 pytestmark = [
@@ -95,7 +96,7 @@ def compose_environment(tmp_path: Path, database: ComposeDatabase, token: str) -
     env = container_environment(read_dockerfile(REPO_ROOT / "Dockerfile").final.env(), service, read_env_file(env_file))
     assert make_url(env["RLCTL_DATABASE_URL"]).host == "postgres" and env["RLCTL_DATA_DIR"] == "/data"
     env["RLCTL_DATABASE_URL"] = database.url.render_as_string(hide_password=False)
-    env["RLCTL_DATA_DIR"] = str(tmp_path / "data")
+    env["RLCTL_DATA_DIR"] = str(seed_tiny_model(tmp_path / "data"))  # the session's, not built again
     assert env["PATH"].startswith("/opt/venv/bin:")
     env["PATH"] = (
         env["PATH"].replace("/opt/venv/bin", str(Path(sys.executable).parent)).replace("$PATH", PYTHON_IMAGE_PATH)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.live import free_port
+from tests.support.tiny_model import seed_tiny_model
 from tests.support.waiting import scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +26,10 @@ class ServiceProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     popen: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        if "RLCTL_DATA_DIR" in self.environment:  # the session's tiny model, where its runs look for it
+            seed_tiny_model(Path(self.environment["RLCTL_DATA_DIR"]))
 
     @property
     def base_url(self) -> str:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.tiny_model import init_tiny_model
+from tests.support.tiny_model import session_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", seed=0)
+def tiny_model_dir() -> Path:
+    return session_tiny_model()
