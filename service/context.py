@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from service.auth.tokens import TokenStore
-from service.children import ChildRunner
+from service.children import ChildRunner, process_fork_server
 from service.db.engine import Database
 from service.environments.catalog import EnvironmentCatalog, child_process_environment
 from service.runs.tiny_model import TinyModelBuilder
@@ -54,17 +54,16 @@ class AppContext:
 
     def start_warm_up(self) -> None:
         """The start-up work a first request would otherwise wait for (docs/RUNS.md#start-up-work), each part in
-        a background thread over a child process: every environment's config schema, the local backend's tiny
-        model when it is the default backend's model, and the runs' fork server. Requests that need one wait for
-        it, not for a second one."""
+        a background thread over a child process: the fork server the others are forked from, every environment's
+        config schema, and the local backend's tiny model when it is the default backend's model. Requests that
+        need one wait for it, not for a second one."""
         if not self.settings.warm_up or self._warm_up_started:
             return
         self._warm_up_started = True
-        work: list[tuple[str, Callable[[], object]]] = [("environment schemas", self.catalog.warm)]
-        if self.settings.fork_server and self.settings.executor == "local":
-            from service.runs.launch import process_fork_server  # the runs domain imports this module
-
-            work.append(("fork server", process_fork_server().start))
+        work: list[tuple[str, Callable[[], object]]] = []
+        if self.children.fork_server is not None:  # first: the children below are forked from it
+            work.append(("fork server", self.children.fork_server.start))
+        work.append(("environment schemas", self.catalog.warm))
         if (
             self.settings.effective_default_backend == Backend.LOCAL
             and not self.settings.local_base_model
@@ -99,7 +98,7 @@ def replica_identity(settings: Settings) -> str:
 
 def build_context(settings: Settings) -> AppContext:
     settings.data_path.mkdir(parents=True, exist_ok=True)
-    children = ChildRunner()
+    children = ChildRunner(process_fork_server() if settings.fork_server else None)
 
     def child_environment() -> dict[str, str]:
         return child_process_environment(set(SECRET_ENV_NAMES))

@@ -81,8 +81,9 @@ class Settings(BaseSettings):
     )
     fork_server: bool = Field(
         True,
-        description="Fork local runs' processes from one parent that has imported torch, transformers and "
-        "atroposlib once, instead of starting each as a fresh interpreter (docs/RUNS.md#the-fork-server).",
+        description="Fork local runs' processes and the service's own children from one parent that has imported "
+        "torch, transformers and atroposlib once, instead of starting each as a fresh interpreter "
+        "(docs/RUNS.md#the-fork-server).",
     )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest JSON request body accepted.")
     job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")

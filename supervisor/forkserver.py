@@ -1,13 +1,15 @@
-"""A pre-imported parent that run processes are forked from (docs/RUNS.md#the-fork-server).
+"""A pre-imported parent that the service's Python children are forked from (docs/RUNS.md#the-fork-server).
 
 Every run starts Python processes that import the same heavy libraries (torch, transformers, atroposlib): seconds
 of CPU each, paid again by every run. The fork server imports them once; a process the supervisor asks it for is a
 fork of it that then becomes what `python -m MODULE ...` or `python SCRIPT ...` would have been: its own session
-and process group, its own log on stdout and stderr, its own environment (replaced whole), working directory,
-`sys.argv` and `sys.path` (its PYTHONPATH entries and their `sitecustomize`, as an interpreter start imports them).
+and process group, its own stdout and stderr, its own environment (replaced whole), working directory, `sys.argv`
+and `sys.path` (its PYTHONPATH entries and their `sitecustomize`, as an interpreter start imports them), and its
+command line as `ps` shows it.
 
-The server is a child of the service, spoken to over a socket pair: one JSON line per request, one per answer. It
-reaps the processes it forked and writes each one's exit status beside its log (`trainer.log` →
+The server is a child of the service, spoken to over a socket pair: one message per request (with the caller's
+pipes for stdout and stderr when it reads them itself, instead of a log), one per answer. It reaps the processes
+it forked and writes each one's exit status where the request says, by default beside its log (`trainer.log` →
 `trainer.log.exit`), with the pid and start time that recognise it, so the supervisor reads an exit code it could
 not wait for itself, also after a restart of the service. When the service goes (its end of the socket closes)
 the server forks nothing more and exits once its last process has.
@@ -20,6 +22,7 @@ generators are seeded again in each fork.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import importlib
 import io
@@ -41,26 +44,49 @@ from pathlib import Path
 import psutil
 
 EXIT_SUFFIX = ".exit"
-READY = "ready"
+READY = b"ready"
+MAX_MESSAGE = 1 << 20  # a request is one message of the socket pair (an environment is kilobytes)
+# An argument of the server's own command line that only makes room in memory for its forks' command lines:
+# a fork writes its own there, so `ps` and psutil show what it runs (_show_command).
+COMMAND_ROOM = "." * 2048
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
     """What to become: `argv` as a command line would give it (`[python, "-m", module, ...]` or `[python, script,
-    ...]`), the whole environment, the working directory and the log that takes stdout and stderr."""
+    ...]`), the whole environment and the working directory. Its stdout and stderr are the log at `log_path`, or
+    the two descriptors sent with the request (pipes of the caller) when `log_path` is None. Its exit is recorded
+    at `exit_path`, by default beside the log."""
 
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str
-    log_path: str
+    log_path: str | None
+    exit_path: str | None = None
 
-    def to_json(self) -> str:
-        return json.dumps({"argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd, "log": self.log_path})
+    @property
+    def record_path(self) -> Path:
+        if self.exit_path is not None:
+            return Path(self.exit_path)
+        if self.log_path is None:
+            raise ValueError("a request without a log names where its exit is recorded")
+        return exit_path(Path(self.log_path))
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "argv": list(self.argv),
+                "env": dict(self.env),
+                "cwd": self.cwd,
+                "log": self.log_path,
+                "exit": str(self.record_path),
+            }
+        ).encode()
 
     @classmethod
-    def from_json(cls, line: str) -> LaunchRequest:
-        data = json.loads(line)
-        return cls(data["argv"], data["env"], data["cwd"], data["log"])
+    def decode(cls, message: bytes) -> LaunchRequest:
+        data = json.loads(message)
+        return cls(data["argv"], data["env"], data["cwd"], data["log"], data["exit"])
 
 
 def runnable(argv: Sequence[str], python: str) -> bool:
@@ -72,10 +98,10 @@ def exit_path(log_path: Path) -> Path:
     return log_path.with_name(log_path.name + EXIT_SUFFIX)
 
 
-def read_exit(log_path: Path, pid: int, start_time: float, tolerance_s: float) -> int | None:
-    """The raw wait status the server recorded for this process (pid and start time), or None."""
+def read_exit(record: Path, pid: int, start_time: float, tolerance_s: float) -> int | None:
+    """The raw wait status the server recorded at `record` for this process (pid and start time), or None."""
     try:
-        recorded = json.loads(exit_path(log_path).read_text())
+        recorded = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
     if recorded.get("pid") != pid or abs(float(recorded.get("start_time", 0)) - start_time) > tolerance_s:
@@ -96,22 +122,22 @@ class ForkServer:
         self._ready_timeout_s = ready_timeout_s
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._reader: io.TextIOWrapper | None = None
         self._process: subprocess.Popen | None = None
 
     def start(self) -> bool:
         with self._lock:
             return self._connected()
 
-    def launch(self, request: LaunchRequest) -> tuple[int, float] | None:
-        """The forked process's pid and start time, or None."""
+    def launch(self, request: LaunchRequest, stdio: Sequence[int] = ()) -> tuple[int, float] | None:
+        """The forked process's pid and start time, or None. `stdio`: its stdout and stderr, for a request
+        without a log (the caller keeps and closes its own copies)."""
         with self._lock:
             if not self._connected():
                 return None
-            assert self._sock is not None and self._reader is not None
+            assert self._sock is not None
             try:
-                self._sock.sendall((request.to_json() + "\n").encode())
-                answer = json.loads(self._reader.readline() or "{}")
+                socket.send_fds(self._sock, [request.encode()], list(stdio))
+                answer = json.loads(self._sock.recv(MAX_MESSAGE) or b"{}")
             except (OSError, ValueError):
                 self._disconnect()
                 return None
@@ -132,10 +158,10 @@ class ForkServer:
         if self._sock is not None and self._process is not None and self._process.poll() is None:
             return True
         self._disconnect()
-        ours, theirs = socket.socketpair()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()), *self.preload],
+                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()), COMMAND_ROOM, *self.preload],
                 pass_fds=(theirs.fileno(),),
                 env=self._env,
                 cwd=str(Path(__file__).resolve().parent.parent),
@@ -149,10 +175,10 @@ class ForkServer:
             return False
         finally:
             theirs.close()
-        self._sock, self._reader = ours, ours.makefile("r", encoding="utf-8")
+        self._sock = ours
         ours.settimeout(self._ready_timeout_s)
         try:
-            ready = self._reader.readline().strip() == READY
+            ready = ours.recv(MAX_MESSAGE) == READY
         except OSError:
             ready = False
         if not ready:
@@ -162,11 +188,10 @@ class ForkServer:
         return True
 
     def _disconnect(self) -> None:
-        for closable in (self._reader, self._sock):
-            if closable is not None:
-                with contextlib.suppress(OSError):
-                    closable.close()
-        self._sock = self._reader = None
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
         if self._process is not None and self._process.poll() is not None:
             self._process = None
 
@@ -185,8 +210,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the loop through the fd
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the service's group stop is not ours: its socket closing is
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reader = sock.makefile("r", encoding="utf-8")
-    sock.sendall((READY + "\n").encode())
+    sock.sendall(READY)
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wakeup_read, selectors.EVENT_READ)
@@ -194,14 +218,17 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     while connected or children:
         for key, _ in selector.select():
             if key.fileobj is sock:
-                line = reader.readline()
-                if not line:
+                message, stdio, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE, 2)
+                if not message:
                     connected = False
                     selector.unregister(sock)
                     continue
-                answer = _fork(LaunchRequest.from_json(line), children, (sock.fileno(), wakeup_read, wakeup_write))
+                server_fds = (sock.fileno(), wakeup_read, wakeup_write)
+                answer = _fork(LaunchRequest.decode(message), stdio, children, server_fds)
+                for fd in stdio:
+                    os.close(fd)
                 with contextlib.suppress(OSError):
-                    sock.sendall((json.dumps(answer) + "\n").encode())
+                    sock.sendall(json.dumps(answer).encode())
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wakeup_read, 4096)
@@ -209,7 +236,10 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
 
 
 def _fork(
-    request: LaunchRequest, children: dict[int, tuple[Path, float]], server_fds: tuple[int, ...]
+    request: LaunchRequest,
+    stdio: Sequence[int],
+    children: dict[int, tuple[Path, float]],
+    server_fds: tuple[int, ...],
 ) -> dict[str, object]:
     for stream in (sys.stdout, sys.stderr):  # nothing of ours may be flushed into the child's log
         stream.flush()
@@ -218,12 +248,12 @@ def _fork(
     except OSError as error:
         return {"error": f"fork failed: {error}"}
     if pid == 0:  # the child: never returns
-        _become(request, server_fds)
+        _become(request, stdio, server_fds)
     try:
         start_time = psutil.Process(pid).create_time()
     except psutil.Error:
         start_time = 0.0
-    children[pid] = (Path(request.log_path), start_time)
+    children[pid] = (request.record_path, start_time)
     return {"pid": pid, "start_time": start_time}
 
 
@@ -237,13 +267,12 @@ def _reap(children: dict[int, tuple[Path, float]]) -> None:
         if pid == 0:
             return
         if pid in children:
-            log_path, start_time = children.pop(pid)
-            _record_exit(log_path, pid, start_time, wait_status)
+            target, start_time = children.pop(pid)
+            _record_exit(target, pid, start_time, wait_status)
 
 
-def _record_exit(log_path: Path, pid: int, start_time: float, wait_status: int) -> None:
+def _record_exit(target: Path, pid: int, start_time: float, wait_status: int) -> None:
     """Written whole or not at all: a reader never sees half a record."""
-    target = exit_path(log_path)
     record = json.dumps({"pid": pid, "start_time": start_time, "wait_status": wait_status})
     with contextlib.suppress(OSError):
         scratch = target.with_name(f".{target.name}.{pid}")
@@ -254,10 +283,10 @@ def _record_exit(log_path: Path, pid: int, start_time: float, wait_status: int) 
 # --- the child ---
 
 
-def _become(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
+def _become(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...]) -> None:
     code = 1
     try:
-        _detach(request, server_fds)
+        _detach(request, stdio, server_fds)
         code = _run(request.argv)
     except BaseException:  # noqa: BLE001 - whatever happens, this process must not return into the server's loop
         with contextlib.suppress(BaseException):
@@ -266,7 +295,7 @@ def _become(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
         _exit(code)
 
 
-def _detach(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
+def _detach(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...]) -> None:
     """Everything an exec would have given a fresh process, less the imports."""
     os.setsid()
     signal.set_wakeup_fd(-1)
@@ -276,17 +305,24 @@ def _detach(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
     for fd in server_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    log = os.open(request.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
     os.close(null)
+    if request.log_path is not None:
+        log = os.open(request.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        outputs: Sequence[int] = (log, log)
+    else:
+        outputs = stdio
+    os.dup2(outputs[0], 1)
+    os.dup2(outputs[1], 2)
+    for fd in set(outputs):
+        os.close(fd)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     unbuffered = bool(request.env.get("PYTHONUNBUFFERED"))
     sys.stdout = _text_stream(1, unbuffered)
     sys.stderr = _text_stream(2, True)
+    with contextlib.suppress(Exception):  # cosmetic: a kernel that does not show it changes nothing else
+        _show_command(request.argv)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
@@ -294,6 +330,18 @@ def _detach(request: LaunchRequest, server_fds: tuple[int, ...]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+
+
+def _show_command(argv: Sequence[str]) -> None:
+    """Write the command line over the server's own in this process's memory, as setproctitle does on Linux:
+    the words joined by spaces, then a NUL, then spaces up to the end, so the kernel's /proc/PID/cmdline reads up
+    to the NUL (its rule for a rewritten command line) and psutil splits the words at the spaces."""
+    stat = Path("/proc/self/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49 of proc(5)
+    room = end - start
+    text = " ".join(argv).encode()[: room - 2]
+    ctypes.memmove(start, text + b"\0" + b" " * (room - len(text) - 1), room)
 
 
 def _text_stream(fd: int, write_through: bool) -> io.TextIOWrapper:
@@ -353,11 +401,12 @@ def _exit(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m supervisor.forkserver FD MODULE...`: serve on the inherited socket FD after importing MODULEs."""
+    """`python -m supervisor.forkserver FD ROOM MODULE...`: serve on the inherited socket FD after importing the
+    MODULEs (ROOM: COMMAND_ROOM)."""
     args = argv if argv is not None else sys.argv[1:]
     sock = socket.socket(fileno=int(args[0]))
     try:
-        serve(sock, args[1:])
+        serve(sock, args[2:])
     except OSError as error:
         if error.errno != errno.EPIPE:
             raise

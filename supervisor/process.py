@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.forkserver import ForkServer, LaunchRequest, read_exit, runnable
+from supervisor.forkserver import ForkServer, LaunchRequest, exit_path, read_exit, runnable
 
 START_TIME_TOLERANCE_S = 0.05
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -173,12 +173,9 @@ class SupervisedProcess:
         return self._exit
 
     def _recorded_exit(self) -> ExitStatus | None:
-        status = read_exit(self.log_path, self.identity.pid, self.identity.start_time, START_TIME_TOLERANCE_S)
-        if status is None:
-            return None
-        if os.WIFSIGNALED(status):
-            return ExitStatus(signal=os.WTERMSIG(status))
-        return ExitStatus(code=os.waitstatus_to_exitcode(status))
+        record = exit_path(self.log_path)
+        status = read_exit(record, self.identity.pid, self.identity.start_time, START_TIME_TOLERANCE_S)
+        return None if status is None else status_from_wait(status)
 
     def liveness(self) -> Liveness:
         if self.poll() is not None:
@@ -243,6 +240,13 @@ def live_group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return members
+
+
+def status_from_wait(wait_status: int) -> ExitStatus:
+    """A raw wait status (os.waitpid) as an ExitStatus."""
+    if os.WIFSIGNALED(wait_status):
+        return ExitStatus(signal=os.WTERMSIG(wait_status))
+    return ExitStatus(code=os.waitstatus_to_exitcode(wait_status))
 
 
 def _status_from_returncode(code: int) -> ExitStatus:

@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from judging.client import JUDGE_KEY_ENV
+from service.children import service_child_environment
 from service.datasets.judge_client import judge_endpoint
 from service.runs.paths import RunPaths
 from service.runs.wandb import WandbMode, wandb_environment
-from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
-from supervisor.forkserver import ForkServer
+from service.settings import REPO_ROOT, Settings
 from supervisor.process import ProcessSpec
 from supervisor.readiness import atropos_env_registered, http_answers
 from supervisor.run import API, ENV, TRAINER
 
 ENV_HOOKS_DIR = REPO_ROOT / "supervisor" / "envhooks"
-# What the fork server imports once for every run process forked from it (docs/RUNS.md#the-fork-server): the
-# trainer's and the environment's heavy imports, and the Atropos API.
-RUN_PRELOAD = ("torch", "transformers", "peft", "atroposlib.envs.base", "atroposlib.api")
-
-_fork_server: ForkServer | None = None
-_fork_server_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -125,21 +118,7 @@ def judge_key(settings: Settings, paths: RunPaths) -> str | None:
     return endpoint[1] if endpoint else None
 
 
-def process_fork_server() -> ForkServer:
-    """One per service process (the apps a test session builds in one process share it); started on first use."""
-    global _fork_server
-    with _fork_server_lock:
-        if _fork_server is None:
-            _fork_server = ForkServer(RUN_PRELOAD, _base_environment())
-        return _fork_server
-
-
 def _base_environment() -> dict[str, str]:
-    # WANDB_MODE is the run's to decide (wandb_environment), never inherited from the service's shell.
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_") and k != "WANDB_MODE"
-    }
+    env = service_child_environment()
     env["PYTHONUNBUFFERED"] = "1"
     return env

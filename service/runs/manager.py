@@ -20,7 +20,7 @@ from service.db.models import Run, RunProcess
 from service.db.types import utcnow
 from service.errors import Conflict
 from service.runs import admission, lifecycle, metrics
-from service.runs.launch import Ports, process_fork_server, process_specs
+from service.runs.launch import Ports, process_specs
 from service.runs.paths import RunPaths
 from service.runs.wandb import run_wandb_mode
 from service.states import ProcessStatus, RunStatus
@@ -40,8 +40,7 @@ def build_executor(ctx: AppContext) -> Executor:
     """The executor RLCTL_EXECUTOR names (docs/RUNS.md#executors, docs/RAY.md)."""
     settings = ctx.settings
     if settings.executor == "local":
-        fork_server = process_fork_server() if settings.fork_server else None
-        return LocalExecutor(max_runs=settings.max_concurrent_runs, fork_server=fork_server)
+        return LocalExecutor(max_runs=settings.max_concurrent_runs, fork_server=ctx.children.fork_server)
     if not settings.ray_address or not settings.ray_control_url:
         raise ExecutorUnavailable(
             "RLCTL_EXECUTOR=ray needs RLCTL_RAY_ADDRESS (the Ray dashboard's address) and RLCTL_RAY_CONTROL_URL "

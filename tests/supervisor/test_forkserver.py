@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
+from service.children import ChildRunner
 from supervisor.forkserver import ForkServer, exit_path, runnable
 from supervisor.process import ExitStatus, Liveness, ProcessSpec, SupervisedProcess
 from tests.support.reaper import process_alive
@@ -110,6 +114,7 @@ def test_a_killed_fork_is_recorded_by_signal_and_read_again_after_a_restart(tmp_
     )
     wait_until(lambda: "up" in process.log_path.read_text(), timeout=60, message="the sleeper starts")
     assert process.liveness() is Liveness.ALIVE and process.poll() is None
+    assert psutil.Process(process.identity.pid).cmdline() == [sys.executable, str(sleeper)], "ps shows its command"
     os.kill(process.identity.pid, signal.SIGKILL)
     assert ended(process) == ExitStatus(signal=signal.SIGKILL)
     recorded = json.loads(exit_path(process.log_path).read_text())
@@ -145,3 +150,36 @@ def test_a_dead_server_is_replaced_at_the_next_request(tmp_path: Path, server: F
     )
     assert ended(process) == ExitStatus(code=0)
     assert server.pid not in (None, first) and exit_path(process.log_path).exists(), "forked by a new server"
+
+
+def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path: Path, server: ForkServer) -> None:
+    children = ChildRunner(server)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print('out', os.getpid(), flush=True); print('err' * 20000, file=sys.stderr)\n"
+        "time.sleep(float(sys.argv[1])); raise SystemExit(int(sys.argv[2]))\n"
+    )
+    done = children.run([sys.executable, str(script), "0", "4"], env=env, cwd=tmp_path, timeout_s=60)
+    assert done.returncode == 4 and done.stderr.decode().strip() == "err" * 20000, "both pipes, read whole"
+    pid = int(done.stdout.split()[1])
+    assert psutil.Process(server.pid).pid != pid and not process_alive(pid)
+
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+        children.run([sys.executable, str(script), "600", "0"], env=env, cwd=tmp_path, timeout_s=3)
+    late = int(timed_out.value.output.split()[1])
+    wait_until(lambda: not process_alive(late), timeout=30, message="a child past its time-out is killed")
+
+    ended: list[subprocess.CompletedProcess[bytes]] = []
+    long_child = [sys.executable, str(script), "600", "0"]
+    blocked = threading.Thread(
+        target=lambda: ended.append(children.run(long_child, env=env, cwd=tmp_path, timeout_s=600))
+    )
+    blocked.start()
+    wait_until(lambda: children._running, timeout=30, message="a long child runs")
+    children.close()
+    blocked.join(timeout=60)
+    assert not blocked.is_alive() and ended[0].returncode == -signal.SIGKILL, "closing the runner ends its children"
+    with pytest.raises(ChildProcessError):
+        children.run([sys.executable, str(script), "0", "0"], env=env, cwd=tmp_path, timeout_s=60)
