@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -113,25 +114,59 @@ class SupervisedProcess:
 
     @classmethod
     def spawn(cls, spec: ProcessSpec, fork_server: ForkServer | None = None) -> SupervisedProcess:
-        """A new process; forked from the fork server when one is given and can run the command, else started."""
+        """A new process, its output appended to its log; forked from the fork server when one is given and can
+        run the command, else started."""
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if fork_server is not None and not spec.die_with_parent and runnable(spec.argv, sys.executable):
-            request = LaunchRequest(spec.argv, spec.env, str(spec.cwd), str(spec.log_path))
-            if (forked := fork_server.launch(request)) is not None:
-                pid, start_time = forked
-                return cls(spec.role, ProcessIdentity(pid, pid, start_time), spec.log_path, None, forked=True)
+        if (forked := cls._fork(spec, fork_server, log=True, stdio=())) is not None:
+            return forked
         with spec.log_path.open("ab") as log:
-            popen = subprocess.Popen(
-                list(spec.argv),
-                cwd=spec.cwd,
-                env=dict(spec.env),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own session and process group: signals reach the whole tree
-                close_fds=True,
-                preexec_fn=_die_with_parent if spec.die_with_parent else None,  # prctl only: safe before exec
-            )
+            return cls._start(spec, log.fileno())
+
+    @classmethod
+    def spawn_piped(
+        cls, spec: ProcessSpec, fork_server: ForkServer | None = None
+    ) -> tuple[SupervisedProcess, IO[bytes]]:
+        """As `spawn`, but stdout and stderr go to one pipe whose reading end the caller gets (to scrub what it
+        writes to the log itself); a fork's exit is still recorded beside `spec.log_path`."""
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        read_end, write_end = os.pipe()
+        try:
+            process = cls._fork(spec, fork_server, log=False, stdio=(write_end, write_end))
+            if process is None:
+                process = cls._start(spec, write_end)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        return process, os.fdopen(read_end, "rb")
+
+    @classmethod
+    def _fork(
+        cls, spec: ProcessSpec, fork_server: ForkServer | None, log: bool, stdio: tuple[int, ...]
+    ) -> SupervisedProcess | None:
+        if fork_server is None or spec.die_with_parent or not runnable(spec.argv, sys.executable):
+            return None
+        log_path = str(spec.log_path) if log else None
+        request = LaunchRequest(spec.argv, spec.env, str(spec.cwd), log_path, str(exit_path(spec.log_path)))
+        if (forked := fork_server.launch(request, stdio)) is None:
+            return None
+        pid, start_time = forked
+        return cls(spec.role, ProcessIdentity(pid, pid, start_time), spec.log_path, None, forked=True)
+
+    @classmethod
+    def _start(cls, spec: ProcessSpec, output: int) -> SupervisedProcess:
+        popen = subprocess.Popen(
+            list(spec.argv),
+            cwd=spec.cwd,
+            env=dict(spec.env),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own session and process group: signals reach the whole tree
+            close_fds=True,
+            preexec_fn=_die_with_parent if spec.die_with_parent else None,  # prctl only: safe before exec
+        )
         try:
             start_time = psutil.Process(popen.pid).create_time()
         except psutil.NoSuchProcess:

@@ -55,14 +55,14 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     }
     (workdir / "spec.json").write_text(json.dumps(spec))
     samples = workdir / "samples.jsonl"
-    _sample(handle, workdir, samples, total)
+    _sample(ctx, handle, workdir, samples, total)
     result = _score_and_compare(ctx, params, prompts, samples)
     (workdir / "result.json").write_text(json.dumps(result))
     handle.progress(total, total, force=True)
     return result
 
 
-def _sample(handle: JobHandle, workdir: Path, samples: Path, total: int) -> None:
+def _sample(ctx: AppContext, handle: JobHandle, workdir: Path, samples: Path, total: int) -> None:
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_")}
     process = SupervisedProcess.spawn(
         ProcessSpec(
@@ -71,7 +71,8 @@ def _sample(handle: JobHandle, workdir: Path, samples: Path, total: int) -> None
             env={**env, "PYTHONUNBUFFERED": "1"},
             cwd=REPO_ROOT,
             log_path=workdir / "sampler.log",
-        )
+        ),
+        ctx.children.fork_server,
     )
     try:
         while (status := process.poll()) is None:

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -26,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
 import yaml
 
 from service.context import AppContext
@@ -36,7 +34,7 @@ from service.inference_tests.schemas import InferenceTestResult
 from service.inference_tests.summary import ModelOutcome, model_result, progress_done, result_file_stem, summarize
 from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
-from supervisor.process import ProcessIdentity, SupervisedProcess
+from supervisor.process import ProcessSpec, SupervisedProcess
 
 logger = logging.getLogger("rlctl.inference_tests")
 
@@ -287,44 +285,38 @@ class ModelRun:
 
     def _supervise(self, log: IO[str]) -> tuple[str | None, str]:
         """Run the child to its end, its time-out or a cancel. Returns (why it was stopped, how it exited)."""
-        popen = subprocess.Popen(
-            self._argv(),
-            cwd=self.work,
+        spec = ProcessSpec(
+            role=f"inference-{self.model}",
+            argv=self._argv(),
             env=child_environment(self.ctx.settings, self.key),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a time-out kills everything it started
-            close_fds=True,
+            cwd=self.work,
+            log_path=Path(log.name),
         )
-        process = SupervisedProcess(f"inference-{self.model}", _identity(popen), Path(log.name), popen)
-        assert popen.stdout is not None
-        pump = threading.Thread(target=pump_output, args=(popen.stdout, log, self.scrub), daemon=True)
+        # its own process group: a time-out kills everything it started
+        process, output = SupervisedProcess.spawn_piped(spec, self.ctx.children.fork_server)
+        pump = threading.Thread(target=pump_output, args=(output, log, self.scrub), daemon=True)
         pump.start()
         stop_reason = None
         try:
-            stop_reason = self._wait(popen)
+            stop_reason = self._wait(process)
         finally:
             # Whatever happened here (a time-out, a cancel, an error of ours), the child does not outlive it.
             status = process.terminate(grace_s=STOP_GRACE_S)
             pump.join(timeout=30)
-            popen.stdout.close()
+            output.close()
         return stop_reason, status.describe() if status else "ended"
 
-    def _wait(self, popen: subprocess.Popen) -> str | None:
+    def _wait(self, process: SupervisedProcess) -> str | None:
         deadline = time.monotonic() + self.plan.timeout_s
-        while True:
-            try:
-                popen.wait(timeout=WAIT_INTERVAL_S)
-                return None
-            except subprocess.TimeoutExpired:
-                pass
+        while process.poll() is None:
+            time.sleep(WAIT_INTERVAL_S)  # the child is polled, as the run supervisor polls its processes
             self.reader.read()
             self.tracker.steps(self.model, len(self.reader.steps))
             if self.handle.cancelled:
                 return "cancelled"
             if time.monotonic() >= deadline:
                 return "timed_out"
+        return None
 
     def _argv(self) -> list[str]:
         return [
@@ -336,14 +328,6 @@ class ModelRun:
             str(self.work / "config.yaml"),
             str(self.work / "records.jsonl"),
         ]
-
-
-def _identity(popen: subprocess.Popen) -> ProcessIdentity:
-    try:
-        start_time = psutil.Process(popen.pid).create_time()
-    except psutil.NoSuchProcess:
-        start_time = time.time()
-    return ProcessIdentity(popen.pid, popen.pid, start_time)
 
 
 def _scrubber(ctx: AppContext, key: str | None) -> Callable[[str], str]:
