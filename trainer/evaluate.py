@@ -6,7 +6,7 @@ spec (the base model, or the base model plus a local checkpoint's LoRA adapter) 
 `{"model": NAME, "prompt_index": I, "sample": S, "text": ...}`. A prompt's samples use the same seed for every
 model, so the models are compared on the same random numbers. Scoring is the caller's.
 
-SPEC: `{"base_model", "tokenizer_name", "lora_rank", "device", "models": [{"name", "adapter": DIR | null}],
+SPEC: `{"base_model", "tokenizer_name", "lora_rank", "device", "models": [{"name", "weights": DIR | null}],
 "prompts": [[{"role", "content"}, ...], ...], "samples_per_prompt", "max_tokens", "temperature", "seed"}`.
 """
 
@@ -46,7 +46,7 @@ def backend_for(spec: dict[str, Any], adapter: str | None, scratch: str) -> Loca
 def sample_all(spec: dict[str, Any], out_path: Path) -> None:
     with tempfile.TemporaryDirectory() as scratch, out_path.open("a", encoding="utf-8") as out:
         for model in spec["models"]:
-            backend = backend_for(spec, model.get("adapter"), scratch)
+            backend = backend_for(spec, model.get("weights"), scratch)
             tokenizer = backend.tokenizer
             for index, messages in enumerate(spec["prompts"]):
                 text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
