@@ -26,6 +26,7 @@ from service.evaluations import stats
 from service.evaluations.service import BASE, KIND
 from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from service.runs import datasets as dataset_runs
+from service.runs.launch import tinker_environment
 from service.runs.paths import RunPaths
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES
 from supervisor.process import ProcessSpec, SupervisedProcess
@@ -57,27 +58,27 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     workdir.mkdir(parents=True)
     total = len(params["models"]) * len(prompts) * params["samples_per_prompt"]
     spec = {
-        **{k: params[k] for k in ("base_model", "tokenizer_name", "lora_rank", "models")},
+        **{k: params[k] for k in ("backend", "base_model", "tokenizer_name", "lora_rank", "protocol", "models")},
         **{k: params[k] for k in ("samples_per_prompt", "max_tokens", "temperature", "seed")},
         "device": "cpu",
         "prompts": [p["messages"] for p in prompts],
     }
-    (workdir / "spec.json").write_text(json.dumps(spec))
+    (workdir / "spec.json").write_text(json.dumps(spec))  # no secret: a Tinker key is in the child's environment
     samples = workdir / "samples.jsonl"
-    _sample(handle, workdir, samples, total)
+    _sample(handle, workdir, samples, total, tinker_environment(ctx.settings, params["backend"]))
     result = score_and_compare(ctx, params, prompts, samples, handle)
     (workdir / "result.json").write_text(json.dumps(result))
     handle.progress(total, total, force=True)
     return result
 
 
-def _sample(handle: JobHandle, workdir: Path, samples: Path, total: int) -> None:
+def _sample(handle: JobHandle, workdir: Path, samples: Path, total: int, tinker: dict[str, str]) -> None:
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_")}
     process = SupervisedProcess.spawn(
         ProcessSpec(
             role="evaluation",
             argv=[sys.executable, "-m", "trainer.evaluate", str(workdir / "spec.json"), str(samples)],
-            env={**env, "PYTHONUNBUFFERED": "1"},
+            env={**env, **tinker, "PYTHONUNBUFFERED": "1"},
             cwd=REPO_ROOT,
             log_path=workdir / "sampler.log",
         )

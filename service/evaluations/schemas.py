@@ -41,7 +41,9 @@ class EvaluationRequest(BaseModel):
 
 class ModelResult(BaseModel):
     name: str = Field(description="base, or step_N")
-    weights: str | None = Field(description="The checkpoint's adapter directory; null for the base model.")
+    weights: str | None = Field(
+        description="The checkpoint's weights: a local adapter directory or a tinker:// sampler URI; null for base."
+    )
     mean_reward: float | None = Field(
         description="Mean over scored prompts of each prompt's mean reward; null when no prompt could be scored."
     )

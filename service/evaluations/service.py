@@ -12,11 +12,13 @@ from service.datasets.schemas import JudgeChoice, RewardSpec
 from service.datasets.service import check_rewards
 from service.db.models import Run
 from service.db.rows import load_row
-from service.errors import Conflict, InvalidState, NotFound, RunNotFound, ValidationFailed
+from service.errors import InvalidState, NotFound, RunNotFound, ValidationFailed
 from service.evaluations.schemas import EvaluationJudge, EvaluationOut, EvaluationRequest, ModelResult, PromptResult
 from service.jobs.service import get_job
 from service.runs import datasets as dataset_runs
 from service.runs.paths import RunPaths
+from service.runs.service import require_backend
+from service.settings import Backend
 from trajectories.judge import GROUP_REWARDS
 
 KIND = "evaluation"
@@ -26,10 +28,6 @@ BASE = "base"
 class EvaluationNotFound(NotFound):
     code = "EVALUATION_NOT_FOUND"
     subject, id_field = "evaluation", "evaluation_id"
-
-
-class BackendUnsupported(Conflict):
-    code = "BACKEND_UNSUPPORTED"
 
 
 # --- start and read ---
@@ -66,12 +64,8 @@ def get_evaluation(ctx: AppContext, evaluation_id: str) -> EvaluationOut:
 def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
     with ctx.db.session() as session:
         run = load_row(session, Run, request.run_id, RunNotFound)
-        backend, config, status = run.backend, run.config, run.status
-    if backend != "local":
-        raise BackendUnsupported(
-            "evaluations sample local checkpoints; a tinker run's weights are sampled through Tinker",
-            {"run_id": request.run_id, "backend": backend},
-        )
+        backend, config, status = Backend(run.backend), run.config, run.status
+    require_backend(ctx, backend)  # a tinker run's weights are sampled through Tinker, with the server's key
     paths = RunPaths(ctx.settings.data_path, request.run_id)
     checkpoints = {c["step"]: c["weights"] for c in (paths.read_trainer_state() or {}).get("checkpoints") or []}
     if not checkpoints:
@@ -98,6 +92,7 @@ def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
     own_judge = env.get("dataset_judge") if request.rewards is None else None
     tinker = config.get("tinker") or {}
     return {
+        "backend": backend.value,
         "rewards": rewards,
         "judge": _judge(ctx, request, [r["name"] for r in rewards], own_judge),
         "models": [{"name": BASE, "weights": None}]
@@ -105,6 +100,7 @@ def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
         "base_model": tinker.get("base_model"),
         "tokenizer_name": env.get("tokenizer_name"),
         "lora_rank": tinker.get("lora_rank"),
+        "protocol": tinker.get("protocol"),
     }
 
 

@@ -147,5 +147,5 @@ def test_evaluation_requests_are_checked(make_settings: Callable[..., Settings])
         status, error = refused({"run_id": run_id, "rewards": [{"name": "judge"}], "judge": {"api_key": "sk-x"}})
         assert status == 422  # a key never travels in a request
         status, error = refused({"run_id": tinker_run, "rewards": [{"name": "correctness"}]})
-        assert (status, error["code"]) == (409, "BACKEND_UNSUPPORTED")
+        assert (status, error["code"], error["details"]["missing"]) == (409, "BACKEND_UNAVAILABLE", "TINKER_API_KEY")
         assert client.get("/jobs").json()["jobs"] == []

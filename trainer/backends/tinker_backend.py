@@ -8,8 +8,8 @@ chosen by `tinker.protocol` or detected from the server (tinker_protocol.py); th
 sampling and closing, each of which is one method here.
 
 `TinkerSession` is the connection without a model to train: the protocol, the warnings, sampling through a
-sampling client (the newest published weights, saved sampler weights or the base model) and closing. The
-backend trains through one.
+sampling client and closing. The backend trains through one; an evaluation samples saved weights and the base
+model through one (trainer/evaluate.py).
 """
 
 from __future__ import annotations
