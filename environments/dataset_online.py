@@ -25,10 +25,10 @@ from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, Scored
 from pydantic import Field
 
 from judging.client import JUDGE_KEY_ENV, CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
-from judging.groups import completion_rule, decide_group, record_outcomes
-from trajectories.judge import COMPLETION_REWARD, DEFAULT_RUBRIC, GROUP_REWARDS
+from judging.groups import judge_fresh_group, weighted_scores
+from trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
 from trajectories.records import TrajectoryRecord
-from trajectories.rewards import Unscored, WeightedReward, build_rewards, score_record
+from trajectories.rewards import WeightedReward, build_rewards, score_record
 from trajectories.training import record_with_completion
 
 
@@ -184,23 +184,9 @@ class DatasetOnlineEnv(BaseEnv):
             return [score_record(record, self.rewards).reward for record in records]
         assert self.judge is not None
         rubric = (self.config.dataset_judge or {}).get("rubric") or DEFAULT_RUBRIC
-        rules = [completion_rule(record) for record in records] if COMPLETION_REWARD in names else None
-        decision = await asyncio.to_thread(decide_group, self.judge, records, names, rubric, rules)
-        outcomes = record_outcomes(decision, names, judge_configured=True)
+        outcomes = await asyncio.to_thread(judge_fresh_group, self.judge, records, names, rubric)
         plain = {weighted.function.name: weighted for weighted in self.rewards}
-        scores = []
-        for record, outcome in zip(records, outcomes, strict=True):
-            weighted = [
-                plain[e["name"]]
-                if e["name"] in plain
-                else WeightedReward(outcome.reward(e["name"]), float(e.get("weight", 1.0)))
-                for e in self.config.rewards
-            ]
-            try:
-                scores.append(score_record(record, weighted).reward)
-            except Unscored:
-                return None
-        return scores
+        return weighted_scores(records, self.config.rewards, plain, outcomes)
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
         messages = item["messages"]

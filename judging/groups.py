@@ -1,13 +1,15 @@
 """One prompt's group, judged: the `judge` and `completion` rewards of its records (docs/TRAJECTORIES.md#judge).
 
-Shared by dataset scoring (every stored group of a dataset) and an online dataset run (each group of the policy's
-own completions): the calls to the judge, and what each record's values become, are decided here only.
+Shared by dataset scoring (every stored group of a dataset), an online dataset run (each group of the policy's
+own completions) and an evaluation (each model's completions of a prompt): the calls to the judge, what each
+record's values become, and a fresh group's weighted rewards are decided here only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from judging.client import CachedJudge
 from trajectories.judge import (
@@ -20,7 +22,7 @@ from trajectories.judge import (
     completion_from_judge,
 )
 from trajectories.records import TrajectoryRecord
-from trajectories.rewards import DecidedReward
+from trajectories.rewards import DecidedReward, Unscored, WeightedReward, score_record
 from trajectories.stats import tool_stats
 
 JUDGE_FAILED = "judge_failed"
@@ -117,3 +119,37 @@ def record_outcomes(decision: GroupDecision, names: Sequence[str], judge_configu
             else:
                 outcome.reasons[COMPLETION_REWARD], outcome.completion_by = verdict.reason, "judge"
     return outcomes
+
+
+def judge_fresh_group(
+    judge: CachedJudge, records: Sequence[TrajectoryRecord], names: Sequence[str], rubric: str
+) -> list[Decided]:
+    """The group rewards of one prompt's fresh completions (a policy's, a model's): a completion states no outcome
+    of a source, so the judge decides `completion` wherever its rule says nothing. Blocking: the judge's calls."""
+    rules = [completion_rule(record) for record in records] if COMPLETION_REWARD in names else None
+    return record_outcomes(decide_group(judge, records, names, rubric, rules), names, judge_configured=True)
+
+
+def weighted_scores(
+    records: Sequence[TrajectoryRecord],
+    spec: Sequence[Mapping[str, Any]],
+    plain: Mapping[str, WeightedReward],
+    outcomes: Sequence[Decided] | None,
+) -> list[float] | None:
+    """Each record's reward, the weighted sum of `spec` (`[{"name", "weight"}]`, in order): a plain reward from
+    `plain` by name, a group reward from the record's `outcomes` (judge_fresh_group's, in record order). None when
+    a group reward could not be decided for one of them (the judge failed): the whole group is unscored, never 0."""
+    scores = []
+    for index, record in enumerate(records):
+        outcome = outcomes[index] if outcomes is not None else Decided()  # nothing decided: a group reward is unscored
+        weighted = [
+            plain[entry["name"]]
+            if entry["name"] in plain
+            else WeightedReward(outcome.reward(entry["name"]), float(entry.get("weight", 1.0)))
+            for entry in spec
+        ]
+        try:
+            scores.append(score_record(record, weighted).reward)
+        except Unscored:
+            return None
+    return scores

@@ -1,13 +1,19 @@
 """Sample several models on the same prompts: `python -m trainer.evaluate SPEC.json OUT.jsonl`.
 
 The control plane's evaluations run this in a child process (docs/EVALUATIONS.md#sampling): for each model of the
-spec (the base model, or the base model plus a local checkpoint's LoRA adapter) it answers every prompt
-`samples_per_prompt` times and appends one line per completion to OUT.jsonl:
-`{"model": NAME, "prompt_index": I, "sample": S, "text": ...}`. A prompt's samples use the same seed for every
-model, so the models are compared on the same random numbers. Scoring is the caller's.
+spec it answers every prompt `samples_per_prompt` times and appends one line per completion to OUT.jsonl:
+`{"model": NAME, "prompt_index": I, "sample": S, "text": ...}`, a prompt's samples of one model together. A
+prompt's samples use the same seed for every model, so the models are compared on the same random numbers.
+Scoring is the caller's.
 
-SPEC: `{"base_model", "tokenizer_name", "lora_rank", "device", "models": [{"name", "adapter": DIR | null}],
-"prompts": [[{"role", "content"}, ...], ...], "samples_per_prompt", "max_tokens", "temperature", "seed"}`.
+A model is the base model (`weights` null) or a checkpoint's weights: on the `local` backend the base model plus
+the checkpoint's LoRA adapter directory; on `tinker` the checkpoint's saved sampler weights (`tinker://…`),
+sampled through the Tinker SDK as the trainer samples (trainer/backends/tinker_backend.py), with TINKER_API_KEY
+and TINKER_BASE_URL from this process's environment, never from the spec.
+
+SPEC: `{"backend": "local" | "tinker", "base_model", "tokenizer_name", "lora_rank", "protocol", "device",
+"models": [{"name", "weights": DIR | URI | null}], "prompts": [[{"role", "content"}, ...], ...],
+"samples_per_prompt", "max_tokens", "temperature", "seed"}`.
 """
 
 from __future__ import annotations
@@ -15,15 +21,30 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from trainer.backends.base import Checkpoint, SamplingRequest
-from trainer.backends.local import LocalBackend
+from trainer.backends.base import Checkpoint, Completion, SamplingRequest
 from trainer.config import parse_config
+
+if TYPE_CHECKING:  # torch and the Tinker SDK are imported for the models that need them
+    from trainer.backends.local import LocalBackend
+    from trainer.backends.tinker_backend import TinkerSession
+
+
+class ModelSampler(Protocol):
+    """One model's weights to sample: a backend, or saved Tinker weights."""
+
+    tokenizer: Any
+
+    def sample(self, request: SamplingRequest) -> list[Completion]: ...
 
 
 def backend_for(spec: dict[str, Any], adapter: str | None, scratch: str) -> LocalBackend:
+    """The local backend on the spec's base model, with a checkpoint's LoRA adapter directory or without one."""
+    from trainer.backends.local import LocalBackend  # torch: imported for local models only
+
     config = parse_config(
         {
             "env": {"tokenizer_name": spec.get("tokenizer_name"), "rollout_server_url": "http://127.0.0.1:1"},
@@ -43,11 +64,44 @@ def backend_for(spec: dict[str, Any], adapter: str | None, scratch: str) -> Loca
     return LocalBackend(config, resume_from=resume)
 
 
-def sample_all(spec: dict[str, Any], out_path: Path) -> None:
-    with tempfile.TemporaryDirectory() as scratch, out_path.open("a", encoding="utf-8") as out:
+def local_models(spec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], ModelSampler]]:
+    """The local backend once per model, each loaded when the one before is done with (CPU memory)."""
+    with tempfile.TemporaryDirectory() as scratch:
         for model in spec["models"]:
-            backend = backend_for(spec, model.get("adapter"), scratch)
-            tokenizer = backend.tokenizer
+            backend = backend_for(spec, model.get("weights"), scratch)
+            yield model, backend
+            del backend
+
+
+class SavedTinkerWeights:
+    """A sampling client of one model's weights on Tinker, sampled through the session's shared code."""
+
+    def __init__(self, session: TinkerSession, model_path: str | None) -> None:
+        self._session = session
+        self._client = session.sampling_client(model_path)
+        self.tokenizer = session.tokenizer
+
+    def sample(self, request: SamplingRequest) -> list[Completion]:
+        return self._session.sample(self._client, request)
+
+
+def tinker_models(spec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], ModelSampler]]:
+    """One Tinker session; a sampling client per model: the base model, or a checkpoint's saved sampler weights."""
+    from trainer.backends.tinker_backend import TinkerSession
+
+    session = TinkerSession(spec["base_model"], spec.get("tokenizer_name"), spec.get("protocol") or "auto", None)
+    try:
+        for model in spec["models"]:
+            yield model, SavedTinkerWeights(session, model.get("weights"))
+    finally:
+        session.close()
+
+
+def sample_all(spec: dict[str, Any], out_path: Path) -> None:
+    models = tinker_models(spec) if spec.get("backend") == "tinker" else local_models(spec)
+    with out_path.open("a", encoding="utf-8") as out:
+        for model, sampler in models:
+            tokenizer = sampler.tokenizer
             for index, messages in enumerate(spec["prompts"]):
                 text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
                 request = SamplingRequest(
@@ -64,11 +118,11 @@ def sample_all(spec: dict[str, Any], out_path: Path) -> None:
                         "sample": sample,
                         "text": tokenizer.decode(completion.tokens, skip_special_tokens=True),
                     }
-                    for sample, completion in enumerate(backend.sample(request))
+                    for sample, completion in enumerate(sampler.sample(request))
                 ]
                 out.write("".join(json.dumps(line) + "\n" for line in lines))
                 out.flush()  # a prompt's samples at once: the caller counts lines as progress
-            del backend
+            del sampler
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -542,7 +542,7 @@ def evaluation(client: ApiClient, args: argparse.Namespace) -> int:
         current = client.get(f"/evaluations/{_segment(started['id'])}")
         progress.update(f"evaluation {current['id']}: {current['status']} {output.bar(**current['progress'])}")
     progress.done()
-    columns = ["name", "mean_reward", "difference", "interval", "win_rate", "samples"]
+    columns = ["name", "mean_reward", "difference", "interval", "win_rate", "samples", "unscored_prompts"]
     _emit(args, current, lambda e: output.generic_table(e.get("models") or [], columns) or _record_text(e))
     if args.wait and current["status"] != "succeeded":
         print(f"rlctl: evaluation {current['id']} {current['status']}: {current.get('error')}", file=sys.stderr)

@@ -276,7 +276,7 @@ def start_compression(ctx: AppContext, dataset_id: str, request: CompressRequest
 
 def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
-    check_rewards(ctx, request.rewards, group_rewards=True)
+    check_rewards(ctx, request.rewards)
     params = request.model_dump()
     names = [reward.name for reward in request.rewards]
     if JUDGE_REWARD in names and judge_endpoint(ctx.settings) is None:
@@ -295,20 +295,14 @@ def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> Jo
     return _submit(ctx, "dataset_score", parent, params)
 
 
-def check_rewards(ctx: AppContext, rewards: list[RewardSpec], group_rewards: bool = False) -> None:
-    """Each reward once, and each one known: built in, or an environment that offers a scorer; the group rewards
-    (judge, completion) only where the caller scores whole groups (dataset scoring)."""
+def check_rewards(ctx: AppContext, rewards: list[RewardSpec]) -> None:
+    """Each reward once, and each one known: built in, a group reward (judge, completion: every caller scores
+    whole groups, a dataset's, an online run's or an evaluation's), or an environment that offers a scorer."""
     names = [reward.name for reward in rewards]  # a rule over the items, which a JSON schema cannot state
     if len(set(names)) != len(names):
         raise ValidationFailed("each reward function may appear once", {"rewards": names})
-    known = [*BUILTIN_REWARDS, *(GROUP_REWARDS if group_rewards else ())]
+    known = [*BUILTIN_REWARDS, *GROUP_REWARDS]
     for reward in rewards:
-        if reward.name in GROUP_REWARDS and not group_rewards:
-            raise ValidationFailed(
-                f"the {reward.name!r} reward scores a stored dataset's groups (POST /datasets/{{id}}/score); "
-                "score the dataset with it instead",
-                {"name": reward.name},
-            )
         if reward.name not in known and not env_scorer.has_scorer(ctx, reward.name):
             raise UnknownReward(
                 f"unknown reward function {reward.name!r}",

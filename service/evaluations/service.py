@@ -6,15 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from service.context import AppContext
-from service.datasets.schemas import RewardSpec
+from service.datasets.errors import JudgeNotConfigured
+from service.datasets.judge_client import judge_endpoint
+from service.datasets.schemas import JudgeChoice, RewardSpec
 from service.datasets.service import check_rewards
 from service.db.models import Run
 from service.db.rows import load_row
-from service.errors import Conflict, InvalidState, NotFound, RunNotFound, ValidationFailed
-from service.evaluations.schemas import EvaluationOut, EvaluationRequest, ModelResult, PromptResult
+from service.errors import InvalidState, NotFound, RunNotFound, ValidationFailed
+from service.evaluations.schemas import EvaluationJudge, EvaluationOut, EvaluationRequest, ModelResult, PromptResult
 from service.jobs.service import get_job
 from service.runs import datasets as dataset_runs
 from service.runs.paths import RunPaths
+from service.runs.service import require_backend
+from service.settings import Backend
+from trajectories.judge import GROUP_REWARDS
 
 KIND = "evaluation"
 BASE = "base"
@@ -23,10 +28,6 @@ BASE = "base"
 class EvaluationNotFound(NotFound):
     code = "EVALUATION_NOT_FOUND"
     subject, id_field = "evaluation", "evaluation_id"
-
-
-class BackendUnsupported(Conflict):
-    code = "BACKEND_UNSUPPORTED"
 
 
 # --- start and read ---
@@ -55,6 +56,7 @@ def get_evaluation(ctx: AppContext, evaluation_id: str) -> EvaluationOut:
         request=request,
         models=[ModelResult.model_validate(m) for m in result["models"]] if "models" in result else None,
         prompts=[PromptResult.model_validate(p) for p in result["prompts"]] if "prompts" in result else None,
+        judge=EvaluationJudge.model_validate(result["judge"]) if result.get("judge") else None,
         error=job.error,
     )
 
@@ -62,12 +64,8 @@ def get_evaluation(ctx: AppContext, evaluation_id: str) -> EvaluationOut:
 def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
     with ctx.db.session() as session:
         run = load_row(session, Run, request.run_id, RunNotFound)
-        backend, config, status = run.backend, run.config, run.status
-    if backend != "local":
-        raise BackendUnsupported(
-            "evaluations sample local checkpoints; a tinker run's weights are sampled through Tinker",
-            {"run_id": request.run_id, "backend": backend},
-        )
+        backend, config, status = Backend(run.backend), run.config, run.status
+    require_backend(ctx, backend)  # a tinker run's weights are sampled through Tinker, with the server's key
     paths = RunPaths(ctx.settings.data_path, request.run_id)
     checkpoints = {c["step"]: c["weights"] for c in (paths.read_trainer_state() or {}).get("checkpoints") or []}
     if not checkpoints:
@@ -85,18 +83,47 @@ def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
             f"run {request.run_id} has no {request.split} prompts (a run of a dataset with a held-out share has)",
             {"field": "split", "run_id": request.run_id},
         )
-    rewards = [r.model_dump() for r in request.rewards] if request.rewards else (config.get("env") or {}).get("rewards")
+    env = config.get("env") or {}
+    rewards = [r.model_dump() for r in request.rewards] if request.rewards else env.get("rewards")
     if not rewards:
         raise ValidationFailed("name the rewards: the run has none of its own", {"field": "rewards"})
-    check_rewards(ctx, [RewardSpec(name=r["name"], weight=r.get("weight", 1.0)) for r in rewards])
+    rewards = [{"name": r["name"], "weight": r.get("weight", 1.0)} for r in rewards]
+    check_rewards(ctx, [RewardSpec(**r) for r in rewards])
+    own_judge = env.get("dataset_judge") if request.rewards is None else None
     tinker = config.get("tinker") or {}
     return {
-        "rewards": [{"name": r["name"], "weight": r.get("weight", 1.0)} for r in rewards],
-        "models": [{"name": BASE, "adapter": None}]
-        + [{"name": f"step_{step}", "adapter": checkpoints[step]} for step in steps],
+        "backend": backend.value,
+        "rewards": rewards,
+        "judge": _judge(ctx, request, [r["name"] for r in rewards], own_judge),
+        "models": [{"name": BASE, "weights": None}]
+        + [{"name": f"step_{step}", "weights": checkpoints[step]} for step in steps],
         "base_model": tinker.get("base_model"),
-        "tokenizer_name": (config.get("env") or {}).get("tokenizer_name"),
+        "tokenizer_name": env.get("tokenizer_name"),
         "lora_rank": tinker.get("lora_rank"),
+        "protocol": tinker.get("protocol"),
+    }
+
+
+def _judge(
+    ctx: AppContext, request: EvaluationRequest, names: list[str], own: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The judge of the judge and completion rewards (each model's samples of a prompt are one group): configured
+    (a completion states no outcome, so `completion` needs it too), its model and rubric fixed when submitted, so
+    a restarted job asks the same (and the cache key stays the same)."""
+    grouped = [name for name in names if name in GROUP_REWARDS]
+    if not grouped:
+        if request.judge is not None:
+            raise ValidationFailed("judge applies to the judge and completion rewards only", {"field": "judge"})
+        return None
+    if judge_endpoint(ctx.settings) is None:
+        raise JudgeNotConfigured(
+            "the judge and completion rewards need a judge endpoint: set RLCTL_JUDGE_BASE_URL (or OPENROUTER_API_KEY)",
+            {"rewards": grouped},
+        )
+    chosen, own = request.judge or JudgeChoice(), own or {}
+    return {
+        "model": chosen.model or own.get("model") or ctx.settings.judge_model,
+        "rubric": chosen.rubric or own.get("rubric"),
     }
 
 

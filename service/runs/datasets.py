@@ -97,7 +97,7 @@ def prepare(ctx: AppContext, source: DatasetSource, env_values: dict[str, Any], 
                 "an online dataset run scores the policy's completions: name its rewards",
                 {"field": "dataset.rewards"},
             )
-        check_rewards(ctx, source.rewards, group_rewards=True)
+        check_rewards(ctx, source.rewards)
         check_online_judge(ctx, source)
     if source.mode == DatasetMode.OFFLINE and not (stats.get("rewards") or {}).get("count"):
         raise DatasetNotTrainable(

@@ -83,11 +83,19 @@ def trainer_environment(settings: Settings, backend: str, wandb_mode: WandbMode)
     """Secrets reach the trainer through its environment only, never a file."""
     env = _base_environment()
     env["RLCTL_DATA_DIR"] = str(settings.data_path)
+    env.update(tinker_environment(settings, backend))
+    env.update(wandb_environment(settings, wandb_mode))
+    return env
+
+
+def tinker_environment(settings: Settings, backend: str) -> dict[str, str]:
+    """Where Tinker is, and its key for a child of the tinker backend only (a trainer, an evaluation's sampler):
+    in the child's environment, never a file."""
+    env: dict[str, str] = {}
     if backend == "tinker" and settings.tinker_api_key:
         env["TINKER_API_KEY"] = settings.tinker_api_key.get_secret_value()
     if settings.tinker_base_url:
         env["TINKER_BASE_URL"] = settings.tinker_base_url
-    env.update(wandb_environment(settings, wandb_mode))
     return env
 
 

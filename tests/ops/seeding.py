@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from service.db import migrate
 from service.db.engine import Database
@@ -28,6 +29,8 @@ class SeededRun:
     owner_id: str = "another-replica"
     logs: dict[str, str] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    backend: str = "local"
+    config: dict[str, Any] = field(default_factory=dict)  # merged into {"tinker": {"total_steps": ...}}
 
 
 def seed_run(settings: Settings, seeded: SeededRun) -> SeededRun:
@@ -41,9 +44,12 @@ def seed_run(settings: Settings, seeded: SeededRun) -> SeededRun:
                 Run(
                     id=seeded.id,
                     environment=seeded.environment,
-                    backend="local",
+                    backend=seeded.backend,
                     status=seeded.status,
-                    config={"tinker": {"total_steps": seeded.total_steps}},
+                    config={
+                        **seeded.config,
+                        "tinker": {"total_steps": seeded.total_steps, **seeded.config.get("tinker", {})},
+                    },
                     last_step=last_step,
                     stalled=seeded.stalled,
                     owner_id=seeded.owner_id,

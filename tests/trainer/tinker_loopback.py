@@ -3,7 +3,8 @@
 Why a stand-in: the real Tinker service is a paid remote service that cannot be reached from here. This server
 implements just enough of the protocol of the installed `tinker` SDK (0.38.0) for the real SDK client to run
 unmodified against it: client config, sessions and heartbeats, telemetry, model creation and info,
-forward/backward (protobuf in and out), Adam steps, saving and loading weights, sampling (protobuf out), and
+forward/backward (protobuf in and out), Adam steps, saving and loading weights, sampling (protobuf out) from
+the trainer's published weights and from sampling sessions of saved sampler weights or of the base model, and
 the long-polled `/api/v1/retrieve_future` through which every asynchronous call returns its result.
 
 Behind the protocol is a real, if minimal, learner: a single vector of logits over the vocabulary (a unigram
@@ -169,6 +170,7 @@ class LoopbackTinker:
         self.models: dict[str, UnigramModel] = {}
         self.checkpoints: dict[str, np.ndarray] = {}
         self.samplers: dict[str, np.ndarray] = {}
+        self.sampler_sources: dict[str, str] = {}  # sampling session → the saved weights' path or the base model
         self.trained_models: set[str] = set()  # models that had a request other than create_model
         self.lora_ranks: dict[str, int] = {}
         self._results: dict[str, StoredResult] = {}
@@ -392,6 +394,25 @@ def create_app(service: LoopbackTinker) -> FastAPI:
         service.samplers[session] = snapshot
         result = {"sampling_session_id": session, "type": "save_weights_for_sampler"}
         return service.future(result, body["model_id"])
+
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request) -> Any:
+        """A sampler of saved sampler weights (`model_path`), or of the base model: a fresh, untrained model."""
+        body = await json_body(request, "create_sampling_session")
+        path = body.get("model_path")
+        if path is not None and path not in service.checkpoints:
+            return JSONResponse(status_code=404, content={"detail": f"no weights at {path}"})
+        session = f"sampler-{uuid.uuid4().hex[:8]}"
+        logits = service.checkpoints[path] if path is not None else UnigramModel(service.vocab_size).logits
+        service.samplers[session] = logits.copy()
+        service.sampler_sources[session] = path or body["base_model"]
+        return {"type": "create_sampling_session", "sampling_session_id": session}
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str) -> dict[str, Any]:
+        source = service.sampler_sources.get(sampler_id, "")
+        path = source if source.startswith("tinker://") else None
+        return {"sampler_id": sampler_id, "base_model": "loopback-unigram", "model_path": path}
 
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request) -> dict[str, Any]:

@@ -6,6 +6,10 @@ key from `TINKER_API_KEY`, passed in the environment only. After each step the w
 and the inference server switches to the new sampling client. The protocol version (`current` or `legacy`) is
 chosen by `tinker.protocol` or detected from the server (tinker_protocol.py); the two differ only in resume,
 sampling and closing, each of which is one method here.
+
+`TinkerSession` is the connection without a model to train: the protocol, the warnings, sampling through a
+sampling client and closing. The backend trains through one; an evaluation samples saved weights and the base
+model through one (trainer/evaluate.py).
 """
 
 from __future__ import annotations
@@ -64,34 +68,152 @@ def require_api_key() -> None:
         )
 
 
-class TinkerBackend(TrainingBackend):
-    name = "tinker"
+class TinkerSession:
+    """One SDK connection to a Tinker server: the protocol it speaks, warnings about what it ignores, sampling
+    through a sampling client (the trainer's newest weights, saved weights or the base model), and closing."""
 
-    def __init__(self, config: TrainerConfig, resume_from: Checkpoint | None = None) -> None:
+    def __init__(self, base_model: str | None, tokenizer_name: str | None, protocol: str, display_name: str | None):
         require_api_key()
         import tinker
         from transformers import AutoTokenizer
 
-        if not config.base_model:
+        if not base_model:
             raise BackendConfigurationError("tinker.base_model must name a Tinker base model")
-        self._tinker = tinker
-        self._config = config
-        self.model_name: str = config.base_model
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_name or config.base_model)
-        self._warnings = WarningLog()
-        self._server = describe_server(os.environ.get("TINKER_BASE_URL"))
-        self.protocol, reason = choose_protocol(config.protocol, self._server)
+        self.tinker = tinker
+        self.base_model: str = base_model
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_name or base_model)
+        self.warnings = WarningLog()
+        self.server = describe_server(os.environ.get("TINKER_BASE_URL"))
+        self.protocol, reason = choose_protocol(protocol, self.server)
         log.info("tinker protocol: %s (%s)", self.protocol, reason)
-        self._warn_ignored(self._configured_parameters())
-        self._service = tinker.ServiceClient(display_name=config.wandb_run_name)
+        self.service = tinker.ServiceClient(display_name=display_name)
+        self._legacy_sample_ids = itertools.count(1)
+
+    def sampling_client(self, model_path: str | None = None) -> tinker.SamplingClient:
+        """A sampling client of saved sampler weights (`tinker://…`), or of the base model without a path."""
+        if model_path is None:
+            future = self.service.create_sampling_client(base_model=self.base_model)
+        else:
+            future = self.service.create_sampling_client(model_path=model_path)
+        return future.result(timeout=RESULT_TIMEOUT_S)
+
+    # --- parameters the server ignores ------------------------------------------------------------
+
+    def warn_ignored(self, sent: list[SentParameter]) -> None:
+        for parameter in ignored_parameters(self.server, sent):
+            self.warn_parameter(parameter.label, parameter.value, f"its schema for {parameter.route} has no such field")
+
+    def warn_parameter(self, label: str, value: Any, evidence: str) -> None:
+        message = f"the training server ignores {label} (rlctl sends {value!r}): {evidence}"
+        self.warnings.add(BackendWarning(code="parameter_ignored", message=message, parameter=label))
+
+    # --- sampling ---------------------------------------------------------------------------------
+
+    def sample(self, sampler: tinker.SamplingClient, request: SamplingRequest) -> list[Completion]:
+        """`request.n` completions from `sampler`'s weights."""
+        types = self.tinker.types
+        stop: list[str] | list[int] | None = list(request.stop) or list(request.stop_token_ids) or None
+        params = types.SamplingParams(
+            max_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=stop,
+            seed=request.seed,
+        )
+        prompt = types.ModelInput.from_ints(list(request.prompt_tokens))
+        if request.top_logprobs:
+            self.warn_ignored([SentParameter("/api/v1/asample", (), "topk_sample_logprobs", request.top_logprobs)])
+        response = self._sample_response(sampler, prompt, request.n, params, request.top_logprobs)
+        if request.top_logprobs and any(sequence.topk_logprobs is None for sequence in response.sequences):
+            evidence = "a sample that asked for top-k logprobs came back without them"
+            self.warn_parameter("topk_sample_logprobs", request.top_logprobs, evidence)
+        return [self._completion(sequence, request) for sequence in response.sequences]
+
+    def _sample_response(self, sampler, prompt, num_samples: int, params, top_logprobs: int):
+        if self.protocol == "current":
+            future = sampler.sample(
+                prompt=prompt, num_samples=num_samples, sampling_params=params, topk_sample_logprobs=top_logprobs
+            )
+            return future.result(timeout=RESULT_TIMEOUT_S)
+        return self._legacy_sample(sampler, prompt, num_samples, params, top_logprobs)
+
+    def _legacy_sample(self, sampler, prompt, num_samples: int, params, top_logprobs: int):
+        """`asample` + `retrieve_future` with the SDK's own lower-level client and future.
+
+        SDK 0.38's `SamplingClient.sample` asserts that the asample promise carries `sample_sequence_ids`, which a
+        0.25-protocol server never sends; the request and the result are otherwise the same, so only the
+        stamping of sequence ids (which rlctl does not use) is left out.
+        """
+        from tinker.lib.api_future_impl import _APIFuture
+        from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+
+        holder = sampler.holder
+        request = self.tinker.types.SampleRequest(
+            sampling_session_id=sampler._sampling_session_id,
+            seq_id=next(self._legacy_sample_ids),
+            num_samples=num_samples,
+            prompt=prompt,
+            sampling_params=params,
+            topk_sample_logprobs=top_logprobs,
+        )
+
+        async def submit():
+            with holder.aclient(ClientConnectionPoolType.SAMPLE) as client:
+                return await client.sampling.asample(request=request)
+
+        async def sample():
+            promise = await holder.execute_with_retries(submit)
+            future = _APIFuture(self.tinker.types.SampleResponse, holder, promise, time.time(), "Sample")
+            return await future.result_async()
+
+        return holder.run_coroutine_threadsafe(sample()).result(timeout=RESULT_TIMEOUT_S)
+
+    def _completion(self, sequence: tinker.SampledSequence, request: SamplingRequest) -> Completion:
+        tokens = list(sequence.tokens)
+        matched: str | int | None = None
+        if sequence.stop_reason == "stop":
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            matched = next((s for s in request.stop if s and s in text), tokens[-1] if tokens else None)
+        top = sequence.topk_logprobs if request.top_logprobs else None
+        return Completion(
+            tokens=tokens,
+            logprobs=[float(value) for value in (sequence.logprobs or [])],
+            finish_reason="stop" if sequence.stop_reason == "stop" else "length",
+            top_logprobs=[list(position or []) for position in top] if top is not None else None,
+            matched_stop=matched,
+        )
+
+    def close(self) -> None:
+        if self.protocol == "legacy":  # no session finish in the 0.25 protocol: it expires without heartbeats
+            return
+        try:
+            self.service.close("success").result(timeout=30)
+        except Exception as error:  # closing is best effort; the session expires without heartbeats
+            log.warning("closing the tinker session failed: %s", error)
+
+
+class TinkerBackend(TrainingBackend):
+    name = "tinker"
+
+    def __init__(self, config: TrainerConfig, resume_from: Checkpoint | None = None) -> None:
+        self._config = config
+        self._session = TinkerSession(config.base_model, config.tokenizer_name, config.protocol, config.wandb_run_name)
+        self._tinker = self._session.tinker
+        self._service = self._session.service
+        self.model_name: str = self._session.base_model
+        self.tokenizer = self._session.tokenizer
+        self._session.warn_ignored(self._configured_parameters())
         if resume_from is None:
             self._training = self._create_lora_client(config.lora_rank)
         else:
             self._training = self._resume(resume_from.path)
         self._sampler_lock = threading.Lock()
         self._sampler: tinker.SamplingClient | None = None
-        self._legacy_sample_ids = itertools.count(1)
         log.info("tinker training client ready for %s (model id %s)", config.base_model, self._training.model_id)
+
+    @property
+    def protocol(self) -> str:
+        return self._session.protocol
 
     # --- protocol-dependent calls -----------------------------------------------------------------
 
@@ -115,52 +237,8 @@ class TinkerBackend(TrainingBackend):
         future.result(timeout=RESULT_TIMEOUT_S)
         return training
 
-    def _sample_response(self, sampler, prompt, num_samples: int, params, top_logprobs: int):
-        if self.protocol == "current":
-            future = sampler.sample(
-                prompt=prompt, num_samples=num_samples, sampling_params=params, topk_sample_logprobs=top_logprobs
-            )
-            return future.result(timeout=RESULT_TIMEOUT_S)
-        return self._legacy_sample(sampler, prompt, num_samples, params, top_logprobs)
-
-    def _legacy_sample(self, sampler, prompt, num_samples: int, params, top_logprobs: int):
-        """`asample` + `retrieve_future` with the SDK's own lower-level client and future.
-
-        SDK 0.38's `SamplingClient.sample` asserts that the asample promise carries `sample_sequence_ids`, which a
-        0.25-protocol server never sends; the request and the result are otherwise the same, so only the
-        stamping of sequence ids (which rlctl does not use) is left out.
-        """
-        from tinker.lib.api_future_impl import _APIFuture
-        from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
-
-        holder = sampler.holder
-        request = self._tinker.types.SampleRequest(
-            sampling_session_id=sampler._sampling_session_id,
-            seq_id=next(self._legacy_sample_ids),
-            num_samples=num_samples,
-            prompt=prompt,
-            sampling_params=params,
-            topk_sample_logprobs=top_logprobs,
-        )
-
-        async def submit():
-            with holder.aclient(ClientConnectionPoolType.SAMPLE) as client:
-                return await client.sampling.asample(request=request)
-
-        async def sample():
-            promise = await holder.execute_with_retries(submit)
-            future = _APIFuture(self._tinker.types.SampleResponse, holder, promise, time.time(), "Sample")
-            return await future.result_async()
-
-        return holder.run_coroutine_threadsafe(sample()).result(timeout=RESULT_TIMEOUT_S)
-
     def close(self) -> None:
-        if self.protocol == "legacy":  # no session finish in the 0.25 protocol: it expires without heartbeats
-            return
-        try:
-            self._service.close("success").result(timeout=30)
-        except Exception as error:  # closing is best effort; the session expires without heartbeats
-            log.warning("closing the tinker session failed: %s", error)
+        self._session.close()
 
     # --- parameters the server ignores ------------------------------------------------------------
 
@@ -174,18 +252,8 @@ class TinkerBackend(TrainingBackend):
             SentParameter("/api/v1/create_model", ("lora_config",), name, value) for name, value in lora.items()
         ] + [SentParameter("/api/v1/optim_step", ("adam_params",), name, value) for name, value in adam.items()]
 
-    def _warn_ignored(self, sent: list[SentParameter]) -> None:
-        for parameter in ignored_parameters(self._server, sent):
-            self._warn_parameter(
-                parameter.label, parameter.value, f"its schema for {parameter.route} has no such field"
-            )
-
-    def _warn_parameter(self, label: str, value: Any, evidence: str) -> None:
-        message = f"the training server ignores {label} (rlctl sends {value!r}): {evidence}"
-        self._warnings.add(BackendWarning(code="parameter_ignored", message=message, parameter=label))
-
     def drain_warnings(self) -> list[BackendWarning]:
-        return self._warnings.drain()
+        return self._session.warnings.drain()
 
     def _datum(self, datum: TrainingDatum, with_advantages: bool) -> tinker.Datum:
         types = self._tinker.types
@@ -266,38 +334,7 @@ class TinkerBackend(TrainingBackend):
             sampler = self._sampler
         if sampler is None:
             raise RuntimeError("no weights have been published for sampling yet")
-        types = self._tinker.types
-        stop: list[str] | list[int] | None = list(request.stop) or list(request.stop_token_ids) or None
-        params = types.SamplingParams(
-            max_tokens=request.max_new_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=stop,
-            seed=request.seed,
-        )
-        prompt = types.ModelInput.from_ints(list(request.prompt_tokens))
-        if request.top_logprobs:
-            self._warn_ignored([SentParameter("/api/v1/asample", (), "topk_sample_logprobs", request.top_logprobs)])
-        response = self._sample_response(sampler, prompt, request.n, params, request.top_logprobs)
-        if request.top_logprobs and any(sequence.topk_logprobs is None for sequence in response.sequences):
-            evidence = "a sample that asked for top-k logprobs came back without them"
-            self._warn_parameter("topk_sample_logprobs", request.top_logprobs, evidence)
-        return [self._completion(sequence, request) for sequence in response.sequences]
-
-    def _completion(self, sequence: tinker.SampledSequence, request: SamplingRequest) -> Completion:
-        tokens = list(sequence.tokens)
-        matched: str | int | None = None
-        if sequence.stop_reason == "stop":
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            matched = next((s for s in request.stop if s and s in text), tokens[-1] if tokens else None)
-        top = sequence.topk_logprobs if request.top_logprobs else None
-        return Completion(
-            tokens=tokens,
-            logprobs=[float(value) for value in (sequence.logprobs or [])],
-            finish_reason="stop" if sequence.stop_reason == "stop" else "length",
-            top_logprobs=[list(position or []) for position in top] if top is not None else None,
-            matched_stop=matched,
-        )
+        return self._session.sample(sampler, request)
 
 
 @contextlib.contextmanager
