@@ -1,6 +1,6 @@
 """Start-up benchmark: POST /runs -> `running` for an offline echo run on the local backend (issue 18).
 
-    .venv/bin/python benchmarks/startup.py [--repo PATH] [--together 10] [--first-after 0]
+    .venv/bin/python benchmarks/startup.py [--repo PATH] [--together 10] [--first-after 0] [--fork-server both]
 
 A real `rlctl serve` of the checkout at --repo (default: this one; its .venv's Python) starts on a fresh data
 directory and SQLite. Then, one after another:
@@ -9,7 +9,8 @@ directory and SQLite. Then, one after another:
 - a later run, alone (the lone start);
 - --together runs POSTed at once: each one's POST -> running, and the slowest against the lone start.
 Each run is stopped (and waited for) before the next measure. Prints the load average before and after; the
-goal is first and lone <= 6 s on an idle machine, and every run of the ten <= 2x the lone start.
+goal is first and lone <= 6 s on an idle machine, and every run of the ten <= 2x the lone start. By default the
+service is measured twice, without the fork server (docs/RUNS.md#the-fork-server) and with it, with the ratios.
 """
 
 from __future__ import annotations
@@ -45,29 +46,49 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout whose service is measured")
     parser.add_argument("--together", type=int, default=10, help="runs started at once")
     parser.add_argument("--first-after", type=float, default=0.0, help="seconds between /readyz and the first POST")
+    parser.add_argument(
+        "--fork-server",
+        choices=("on", "off", "both"),
+        default="both",
+        help="RLCTL_FORK_SERVER of the service; both: off (the baseline), then on, and the ratios",
+    )
     args = parser.parse_args()
     repo = args.repo.resolve()
-    print(f"repo {repo}  load before: {_load()}")
-    with tempfile.TemporaryDirectory(prefix="rlctl-startup-") as tmp, _service(repo, Path(tmp)) as (client, ready_s):
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.fork_server]
+    found = {mode: _measure(repo, mode, args.together, args.first_after) for mode in modes}
+    if len(found) == 2:
+        off, on = found[False], found[True]
+        print("fork server on / off: " + "  ".join(f"{name} {on[name] / off[name]:.2f}x" for name in off))
+
+
+def _measure(repo: Path, fork_server: bool, together_count: int, first_after: float) -> dict[str, float]:
+    print(f"repo {repo}  RLCTL_FORK_SERVER={str(fork_server).lower()}  load before: {_load()}")
+    ANSWERED.clear()
+    CREATED.clear()
+    with (
+        tempfile.TemporaryDirectory(prefix="rlctl-startup-") as tmp,
+        _service(repo, Path(tmp), fork_server) as (client, ready_s),
+    ):
         print(f"service start -> /readyz:      {ready_s:6.2f} s")
-        time.sleep(args.first_after)
+        time.sleep(first_after)
         first = _start_and_stop(client)
         print(
-            f"first run  POST -> running:    {first:6.2f} s   (/readyz + {args.first_after:g} s; "
+            f"first run  POST -> running:    {first:6.2f} s   (/readyz + {first_after:g} s; "
             f"the POST answered in {ANSWERED[0]:.2f} s)"
         )
         lone = _start_and_stop(client)
         print(f"later run  POST -> running:    {lone:6.2f} s   (the lone start; answered in {ANSWERED[1]:.2f} s)")
-        with ThreadPoolExecutor(args.together) as pool:
-            together = list(pool.map(lambda _: _to_running(client), range(args.together)))
+        with ThreadPoolExecutor(together_count) as pool:
+            together = list(pool.map(lambda _: _to_running(client), range(together_count)))
         for run_id, _ in together:
             _retried(lambda run_id=run_id: client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}))
         times = sorted(seconds for _, seconds in together)
         print(
-            f"{args.together} together POST -> running: min {times[0]:.2f}  median {statistics.median(times):.2f}  "
+            f"{together_count} together POST -> running: min {times[0]:.2f}  median {statistics.median(times):.2f}  "
             f"max {times[-1]:.2f} s   slowest / lone: {times[-1] / lone:.2f}x"
         )
     print(f"load after: {_load()}")
+    return {"first": first, "lone": lone, "slowest_together": times[-1]}
 
 
 def _start_and_stop(client: httpx.Client) -> float:
@@ -109,8 +130,8 @@ def _retried(call: Callable[[], httpx.Response]) -> httpx.Response:
 class _service:
     """`rlctl serve` of `repo` on a fresh data directory; yields a client and the seconds until /readyz."""
 
-    def __init__(self, repo: Path, tmp: Path) -> None:
-        self.repo, self.tmp = repo, tmp
+    def __init__(self, repo: Path, tmp: Path, fork_server: bool) -> None:
+        self.repo, self.tmp, self.fork_server = repo, tmp, fork_server
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> tuple[httpx.Client, float]:
@@ -121,6 +142,7 @@ class _service:
             RLCTL_LOCAL_TOTAL_STEPS="100000",
             RLCTL_LOG_LEVEL="WARNING",
             RLCTL_STOP_GRACE_S="5",
+            RLCTL_FORK_SERVER=str(self.fork_server).lower(),
         )
         python = self.repo / ".venv" / "bin" / "python"
         started = time.monotonic()

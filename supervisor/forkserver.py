@@ -16,7 +16,8 @@ the server forks nothing more and exits once its last process has.
 
 What a fork inherits from the server and a fresh interpreter would not have: the modules it imported (read with
 the server's environment, which is the service's own less its secrets) and the hash seed of `str` keys. Random
-generators are seeded again in each fork.
+generators are seeded again in each fork, and each gets its own of the temporary directories that imported modules
+keep for the life of a process.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +52,9 @@ MAX_MESSAGE = 1 << 20  # a request is one message of the socket pair (an environ
 # An argument of the server's own command line that only makes room in memory for its forks' command lines:
 # a fork writes its own there, so `ps` and psutil show what it runs (_show_command).
 COMMAND_ROOM = "." * 2048
+# After a server that did not start (it hung or died importing), requests spawn their processes themselves for
+# this long before a new server is tried: each would otherwise wait out the start-up time-out again.
+RETRY_AFTER_FAILED_START_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,7 @@ class ForkServer:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen | None = None
+        self._failed_start_at: float | None = None
 
     def start(self) -> bool:
         with self._lock:
@@ -158,6 +165,16 @@ class ForkServer:
         if self._sock is not None and self._process is not None and self._process.poll() is None:
             return True
         self._disconnect()
+        failed_at = self._failed_start_at
+        if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_FAILED_START_S:
+            return False
+        if not self._start_server():
+            self._failed_start_at = time.monotonic()
+            return False
+        self._failed_start_at = None
+        return True
+
+    def _start_server(self) -> bool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = subprocess.Popen(
@@ -181,7 +198,10 @@ class ForkServer:
             ready = ours.recv(MAX_MESSAGE) == READY
         except OSError:
             ready = False
-        if not ready:
+        if not ready:  # it died, or hangs importing: it forked nothing, so nothing of it is kept
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
             self._disconnect()
             return False
         ours.settimeout(60.0)
@@ -203,6 +223,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     for module in preload:
         with contextlib.suppress(Exception):  # a module that does not import here is imported by the fork itself
             importlib.import_module(module)
+    _IMPORTED_TEMP_DIRS[:] = _module_temp_dirs()
     children: dict[int, tuple[Path, float]] = {}
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
@@ -280,7 +301,36 @@ def _record_exit(target: Path, pid: int, start_time: float, wait_status: int) ->
         scratch.replace(target)
 
 
+# Temporary directories that imported modules made for the life of the process (wandb's media folder,
+# `wandb.sdk.data_types._private.MEDIA_TMP`): (module, attribute) of each, found once after the preload.
+_IMPORTED_TEMP_DIRS: list[tuple[str, str]] = []
+
+
+def _module_temp_dirs() -> list[tuple[str, str]]:
+    found = []
+    for name, module in list(sys.modules.items()):
+        try:
+            attributes = list(vars(module).items())
+        except TypeError:
+            continue
+        found += [
+            (name, attribute) for attribute, value in attributes if isinstance(value, tempfile.TemporaryDirectory)
+        ]
+    return found
+
+
 # --- the child ---
+
+
+def _own_temp_dirs() -> None:
+    """A fork gets its own of each: shared, the first fork to exit would delete it under the others (its
+    finalizer runs at exit). The inherited one is left to the server."""
+    for name, attribute in _IMPORTED_TEMP_DIRS:
+        module = sys.modules.get(name)
+        inherited = getattr(module, attribute, None)
+        if isinstance(inherited, tempfile.TemporaryDirectory):
+            inherited._finalizer.detach()  # type: ignore[attr-defined]  # the server's, not this process's to delete
+            setattr(module, attribute, tempfile.TemporaryDirectory())
 
 
 def _become(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...]) -> None:
@@ -330,6 +380,7 @@ def _detach(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int,
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    _own_temp_dirs()
 
 
 def _show_command(argv: Sequence[str]) -> None:

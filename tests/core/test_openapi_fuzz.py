@@ -27,7 +27,16 @@ TOKEN = "fuzz-token"
 # not state, so a schema-valid body may be refused (422 VALIDATION_ERROR) there too.
 # A collection's `network` destinations are checked against the server's address rule (docs/SECURITY.md#network)
 # and need the `terminal` tool, neither of which its schema can state.
-CONTENT_VALIDATED = {"POST /datasets", "PUT /environments/{name}", "POST /runs", "POST /collections"}
+# Scoring and evaluations name each reward once (items that differ in their weight alone are still one reward:
+# JSON Schema's uniqueItems cannot say it), and a judge only beside a reward that uses it.
+CONTENT_VALIDATED = {
+    "POST /datasets",
+    "PUT /environments/{name}",
+    "POST /runs",
+    "POST /collections",
+    "POST /datasets/{dataset_id}/score",
+    "POST /evaluations",
+}
 # Each create operation and the operations its answer leads to (by the id it answers): the links the document
 # must carry, so that the stateful test reaches existing resources, not only unknown ids.
 EXPECTED_LINKS = {

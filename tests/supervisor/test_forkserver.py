@@ -19,7 +19,7 @@ from service.children import ChildRunner
 from supervisor.forkserver import ForkServer, exit_path, runnable
 from supervisor.process import ExitStatus, Liveness, ProcessSpec, SupervisedProcess
 from tests.support.reaper import process_alive
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,6 +158,7 @@ def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path:
     script = tmp_path / "child.py"
     script.write_text(
         "import os, sys, time\n"
+        "open('pids', 'a').write(f'{os.getpid()}\\n')\n"
         "print('out', os.getpid(), flush=True); print('err' * 20000, file=sys.stderr)\n"
         "time.sleep(float(sys.argv[1])); raise SystemExit(int(sys.argv[2]))\n"
     )
@@ -167,8 +168,9 @@ def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path:
     assert psutil.Process(server.pid).pid != pid and not process_alive(pid)
 
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
-        children.run([sys.executable, str(script), "600", "0"], env=env, cwd=tmp_path, timeout_s=3)
-    late = int(timed_out.value.output.split()[1])
+        children.run([sys.executable, str(script), "600", "0"], env=env, cwd=tmp_path, timeout_s=scaled(5))
+    assert timed_out.value.timeout == scaled(5)
+    late = int((tmp_path / "pids").read_text().split()[-1])  # it may not have printed before a loaded time-out
     wait_until(lambda: not process_alive(late), timeout=30, message="a child past its time-out is killed")
 
     ended: list[subprocess.CompletedProcess[bytes]] = []
@@ -183,3 +185,80 @@ def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path:
     assert not blocked.is_alive() and ended[0].returncode == -signal.SIGKILL, "closing the runner ends its children"
     with pytest.raises(ChildProcessError):
         children.run([sys.executable, str(script), "0", "0"], env=env, cwd=tmp_path, timeout_s=60)
+
+
+def test_a_server_that_hangs_at_start_is_ended_and_processes_are_started_as_before(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    (tmp_path / "hangs_at_import.py").write_text(
+        f"import time\nopen({str(starts)!r}, 'a').write('x')\ntime.sleep(600)\n"
+    )
+    hanging = ForkServer(["hangs_at_import"], {**os.environ, "PYTHONPATH": str(tmp_path)}, ready_timeout_s=2)
+    assert not hanging.start() and hanging.pid is None, "not ready in time: killed"
+    started = SupervisedProcess.spawn(
+        ProcessSpec(
+            role="plain",
+            argv=[sys.executable, "-c", "pass"],
+            env=dict(os.environ),
+            cwd=tmp_path,
+            log_path=tmp_path / "plain.log",
+        ),
+        hanging,
+    )
+    assert ended(started) == ExitStatus(code=0) and not exit_path(started.log_path).exists()
+    script = tmp_path / "script.py"
+    script.write_text("pass\n")
+    plain = SupervisedProcess.spawn(
+        ProcessSpec(
+            role="s",
+            argv=[sys.executable, str(script)],
+            env=dict(os.environ),
+            cwd=tmp_path,
+            log_path=tmp_path / "s.log",
+        ),
+        hanging,
+    )
+    assert starts.read_text() == "x", "a server that just failed is not started again for each request"
+    assert ended(plain) == ExitStatus(code=0) and not exit_path(plain.log_path).exists(), "started, not forked"
+
+
+def test_each_fork_has_its_own_of_the_temporary_directories_imported_modules_keep(tmp_path: Path) -> None:
+    """As wandb's media folder: made at import, deleted at exit; shared, one fork's exit would delete the others'."""
+    (tmp_path / "keeps_a_temp_dir.py").write_text("import tempfile\nKEPT = tempfile.TemporaryDirectory()\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    fork_server = ForkServer(["keeps_a_temp_dir"], env)
+    script = tmp_path / "uses.py"
+    script.write_text(
+        "import os, sys, time, keeps_a_temp_dir\n"
+        "print(keeps_a_temp_dir.KEPT.name, flush=True)\n"
+        "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+        "print(os.path.isdir(keeps_a_temp_dir.KEPT.name), flush=True)\n"
+    )
+    try:
+        first_go, second_go = tmp_path / "first-go", tmp_path / "second-go"
+        first, second = (
+            SupervisedProcess.spawn(
+                ProcessSpec(
+                    role=role,
+                    argv=[sys.executable, str(script), str(go)],
+                    env=env,
+                    cwd=tmp_path,
+                    log_path=tmp_path / f"{role}.log",
+                ),
+                fork_server,
+            )
+            for role, go in (("first", first_go), ("second", second_go))
+        )
+        names = [
+            wait_until(lambda p=p: p.log_path.exists() and p.log_path.read_text().split(), timeout=60, message="a dir")[
+                0
+            ]
+            for p in (first, second)
+        ]
+        assert names[0] != names[1] and all(os.path.isdir(name) for name in names)
+        first_go.touch()
+        assert ended(first) == ExitStatus(code=0) and not os.path.isdir(names[0]), "each deletes its own at exit"
+        second_go.touch()
+        assert ended(second) == ExitStatus(code=0)
+        assert second.log_path.read_text().split()[1] == "True", "the first's exit left the second's in place"
+    finally:
+        fork_server.close()
