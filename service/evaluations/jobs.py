@@ -6,7 +6,6 @@ again from the first prompt: its files are its own."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 from judging.client import CachedJudge
 from judging.groups import Decided, judge_fresh_group, weighted_scores
+from service.children import service_child_environment
 from service.context import AppContext
 from service.datasets import env_scorer
 from service.datasets.jobs import NO_PROGRESS, Progress, environment_scorers, ordered_map, with_answer_field
@@ -28,7 +28,7 @@ from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from service.runs import datasets as dataset_runs
 from service.runs.launch import tinker_environment
 from service.runs.paths import RunPaths
-from service.settings import REPO_ROOT, SECRET_ENV_NAMES
+from service.settings import REPO_ROOT
 from supervisor.process import ProcessSpec, SupervisedProcess
 from supervisor.run import read_tail
 from trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
@@ -82,7 +82,7 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
 def _sample(
     ctx: AppContext, handle: JobHandle, workdir: Path, samples: Path, total: int, tinker: dict[str, str]
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_")}
+    env = service_child_environment()
     process = SupervisedProcess.spawn(
         ProcessSpec(
             role="evaluation",

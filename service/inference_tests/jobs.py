@@ -27,13 +27,14 @@ from typing import IO, Any
 
 import yaml
 
+from service.children import service_child_environment
 from service.context import AppContext
 from service.errors import ServiceError
 from service.inference_tests import preflight
 from service.inference_tests.schemas import InferenceTestResult
 from service.inference_tests.summary import ModelOutcome, model_result, progress_done, result_file_stem, summarize
 from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
-from service.settings import REPO_ROOT, SECRET_ENV_NAMES, Settings
+from service.settings import REPO_ROOT, Settings
 from supervisor.process import ProcessSpec, SupervisedProcess
 
 logger = logging.getLogger("rlctl.inference_tests")
@@ -95,7 +96,7 @@ def process_config(plan: InferencePlan, settings: Settings, model: str, groups_p
 
 def child_environment(settings: Settings, key: str | None) -> dict[str, str]:
     """The service's environment without its secrets, plus the one key this endpoint may have."""
-    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES and not k.startswith("RLCTL_")}
+    env = service_child_environment()
     env.update(
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
