@@ -20,14 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from service.settings import SECRET_ENV_NAMES
-from supervisor.forkserver import ForkServer, LaunchRequest, read_exit, runnable
+from supervisor.forkserver import EXIT_RECORD_WAIT_S, ForkServer, LaunchRequest, read_exit, runnable
 from supervisor.process import START_TIME_TOLERANCE_S, status_from_wait
 
 # What the fork server imports once for every process forked from it: the trainer's and the environments' heavy
 # imports, and the Atropos API.
 FORK_PRELOAD = ("torch", "transformers", "peft", "atroposlib.envs.base", "atroposlib.api")
-# How long a forked child's exit may take to be recorded once its output has closed (the server reaps at once).
-EXIT_RECORD_WAIT_S = 30.0
 
 _fork_server: ForkServer | None = None
 _fork_server_lock = threading.Lock()
@@ -169,11 +167,9 @@ def _read_until_closed(out_fd: int, err_fd: int, deadline: float) -> tuple[bytes
 
 def _recorded_returncode(record: Path, pid: int, start_time: float) -> int:
     """As Popen.returncode (-N for a signal); -1 when no exit was recorded in time (the server itself is gone)."""
-    deadline = time.monotonic() + EXIT_RECORD_WAIT_S
-    while (wait_status := read_exit(record, pid, start_time, START_TIME_TOLERANCE_S)) is None:
-        if time.monotonic() >= deadline:
-            return -1
-        time.sleep(0.01)  # the server writes the record right after reaping: a poll of milliseconds
+    wait_status = read_exit(record, pid, start_time, START_TIME_TOLERANCE_S, EXIT_RECORD_WAIT_S)
+    if wait_status is None:
+        return -1
     status = status_from_wait(wait_status)
     return -status.signal if status.signal is not None else status.code or 0
 

@@ -52,6 +52,8 @@ MAX_MESSAGE = 1 << 20  # a request is one message of the socket pair (an environ
 # An argument of the server's own command line that only makes room in memory for its forks' command lines:
 # a fork writes its own there, so `ps` and psutil show what it runs (_show_command).
 COMMAND_ROOM = "." * 2048
+# How long a fork's exit may take to be recorded once it is gone (the server reaps and writes at once).
+EXIT_RECORD_WAIT_S = 30.0
 # After a server that did not start (it hung or died importing), requests spawn their processes themselves for
 # this long before a new server is tried: each would otherwise wait out the start-up time-out again.
 RETRY_AFTER_FAILED_START_S = 60.0
@@ -104,15 +106,21 @@ def exit_path(log_path: Path) -> Path:
     return log_path.with_name(log_path.name + EXIT_SUFFIX)
 
 
-def read_exit(record: Path, pid: int, start_time: float, tolerance_s: float) -> int | None:
-    """The raw wait status the server recorded at `record` for this process (pid and start time), or None."""
-    try:
-        recorded = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return None
-    if recorded.get("pid") != pid or abs(float(recorded.get("start_time", 0)) - start_time) > tolerance_s:
-        return None
-    return int(recorded["wait_status"])
+def read_exit(record: Path, pid: int, start_time: float, tolerance_s: float, wait_s: float = 0.0) -> int | None:
+    """The raw wait status the server recorded at `record` for this process (pid and start time), or None.
+    `wait_s`: how long to wait for it, for a process known to have ended (the server writes the record right after
+    reaping it, so a reader that saw it gone may be a few milliseconds early)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            recorded = json.loads(record.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+        if recorded.get("pid") == pid and abs(float(recorded.get("start_time", 0)) - start_time) <= tolerance_s:
+            return int(recorded["wait_status"])
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
 
 
 class ForkServer:

@@ -21,7 +21,7 @@ from typing import IO
 
 import psutil
 
-from supervisor.forkserver import ForkServer, LaunchRequest, exit_path, read_exit, runnable
+from supervisor.forkserver import EXIT_RECORD_WAIT_S, ForkServer, LaunchRequest, exit_path, read_exit, runnable
 
 START_TIME_TOLERANCE_S = 0.05
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -185,10 +185,6 @@ class SupervisedProcess:
         process._exit = exited
         return process
 
-    @property
-    def adopted(self) -> bool:
-        return self._popen is None and not self._forked
-
     def poll(self) -> ExitStatus | None:
         """None while running; the exit status once it has ended (the code unknown for an adopted process that
         no fork server recorded)."""
@@ -204,12 +200,14 @@ class SupervisedProcess:
         elif self._forked and _zombie(self.identity.pid):
             return None  # ended, but the fork server has not reaped it and written its exit yet
         elif identity_liveness(self.identity) is Liveness.DEAD:
-            self._exit = self._recorded_exit() or ExitStatus()  # recorded since the first look, or never
+            # reaped: a fork's record is being written (an adopted process may have none: one more look)
+            wait_s = EXIT_RECORD_WAIT_S if self._forked else 0.0
+            self._exit = self._recorded_exit(wait_s) or ExitStatus()
         return self._exit
 
-    def _recorded_exit(self) -> ExitStatus | None:
+    def _recorded_exit(self, wait_s: float = 0.0) -> ExitStatus | None:
         record = exit_path(self.log_path)
-        status = read_exit(record, self.identity.pid, self.identity.start_time, START_TIME_TOLERANCE_S)
+        status = read_exit(record, self.identity.pid, self.identity.start_time, START_TIME_TOLERANCE_S, wait_s)
         return None if status is None else status_from_wait(status)
 
     def liveness(self) -> Liveness:

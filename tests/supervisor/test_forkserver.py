@@ -17,7 +17,7 @@ import pytest
 
 from service.children import ChildRunner
 from supervisor.forkserver import ForkServer, exit_path, runnable
-from supervisor.process import ExitStatus, Liveness, ProcessSpec, SupervisedProcess
+from supervisor.process import ExitStatus, Liveness, ProcessIdentity, ProcessSpec, SupervisedProcess
 from tests.support.reaper import process_alive
 from tests.support.waiting import scaled, wait_until
 
@@ -123,9 +123,7 @@ def test_a_killed_fork_is_recorded_by_signal_and_read_again_after_a_restart(tmp_
     adopted = SupervisedProcess.adopt("sleeper", process.identity, process.log_path)
     assert adopted.poll() == ExitStatus(signal=signal.SIGKILL)
     # an exit recorded for another process of that log (an earlier pid) is not this one's
-    other = SupervisedProcess.adopt(
-        "sleeper", process.identity.__class__(process.identity.pid + 1, process.identity.pid + 1, 1.0), process.log_path
-    )
+    other = SupervisedProcess.adopt("sleeper", ProcessIdentity(process.identity.pid + 1, 1, 1.0), process.log_path)
     assert other.poll() == ExitStatus()
 
 
@@ -159,13 +157,13 @@ def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path:
     script.write_text(
         "import os, sys, time\n"
         "open('pids', 'a').write(f'{os.getpid()}\\n')\n"
-        "print('out', os.getpid(), flush=True); print('err' * 20000, file=sys.stderr)\n"
+        "print('out', os.getpid(), os.getppid(), flush=True); print('err' * 20000, file=sys.stderr)\n"
         "time.sleep(float(sys.argv[1])); raise SystemExit(int(sys.argv[2]))\n"
     )
     done = children.run([sys.executable, str(script), "0", "4"], env=env, cwd=tmp_path, timeout_s=60)
     assert done.returncode == 4 and done.stderr.decode().strip() == "err" * 20000, "both pipes, read whole"
-    pid = int(done.stdout.split()[1])
-    assert psutil.Process(server.pid).pid != pid and not process_alive(pid)
+    _, pid, parent = done.stdout.split()
+    assert int(parent) == server.pid and not process_alive(int(pid)), "forked from the server, and gone"
 
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         children.run([sys.executable, str(script), "600", "0"], env=env, cwd=tmp_path, timeout_s=scaled(5))
