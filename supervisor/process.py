@@ -228,6 +228,10 @@ class SupervisedProcess:
         return self.poll() is not None and not self._group_alive()
 
     def _group_alive(self) -> bool:
+        """Members of our group are left. Not once the leader is gone and its pid is another process's: the kernel
+        does not hand out pid G while group G has members, so our group is empty and group G is someone else's."""
+        if _pid_reused(self.identity):
+            return False
         return bool(live_group_members(self.identity.pgid))
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -247,7 +251,15 @@ class SupervisedProcess:
             return True
         if leader is Liveness.UNKNOWN:
             return False
-        return not psutil.pid_exists(self.identity.pgid) and self._group_alive()
+        return self._group_alive()
+
+
+def _pid_reused(identity: ProcessIdentity) -> bool:
+    """The leader's pid belongs to a process started at another time (our leader, even a zombie, is not reused)."""
+    try:
+        return abs(psutil.Process(identity.pid).create_time() - identity.start_time) > START_TIME_TOLERANCE_S
+    except (psutil.Error, OSError):  # gone (then not reused), or not ours to look at
+        return False
 
 
 def _die_with_parent() -> None:

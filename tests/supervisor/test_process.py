@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,7 +98,11 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
         assert identity_liveness(stale) is Liveness.DEAD
         adopted = SupervisedProcess.adopt("trainer", stale, tmp_path / "t.log")
         assert adopted.poll() == ExitStatus()
-        adopted.terminate(grace_s=0.5)
+        # Nor is the bystander's group taken for the leftovers of ours: the stop ends at once, not after a grace
+        # period spent waiting for someone else's processes.
+        stopping = threading.Thread(target=adopted.terminate, kwargs={"grace_s": 3600}, daemon=True)
+        stopping.start()
+        wait_until(lambda: not stopping.is_alive(), timeout=30, message="the stop of a gone process returning")
         assert bystander.poll() is None, "the bystander was signalled"
     finally:
         bystander.kill()
