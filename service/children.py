@@ -96,19 +96,23 @@ class ChildRunner:
             record = Path(scratch) / "exit"
             (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
             try:
-                with self._lock:
-                    self._refuse_when_closed()
-                    forked = server.launch(
-                        LaunchRequest(argv, env, str(cwd), None, str(record)), (out_write, err_write)
-                    )
-                    if forked is not None:
-                        self._running.add(forked[0])
+                self._refuse_when_closed()
+                # Not under our lock: the server may be starting (seconds), and close() must not wait for that.
+                request = LaunchRequest(argv, env, str(cwd), None, str(record))
+                forked = server.launch(request, (out_write, err_write), give_up=lambda: self._closed)
             finally:
                 os.close(out_write)
                 os.close(err_write)
-            if forked is None:
+            with self._lock:
+                closing = self._closed
+                if forked is not None and not closing:
+                    self._running.add(forked[0])
+            if forked is None or closing:
+                if forked is not None:
+                    _kill(forked[0])  # forked while the service closed: it does not outlive the service
                 os.close(out_read)
                 os.close(err_read)
+                self._refuse_when_closed()  # not started anew either
                 return None
             pid, start_time = forked
             try:

@@ -19,6 +19,7 @@ from service.runs.tiny_model import TinyModelBuilder
 from service.settings import SECRET_ENV_NAMES, Backend, Settings
 
 logger = logging.getLogger("rlctl.warm_up")
+FORK_SERVER_WARM_UP = "fork server"
 
 
 @dataclass
@@ -62,7 +63,7 @@ class AppContext:
         self._warm_up_started = True
         work: list[tuple[str, Callable[[], object]]] = []
         if self.children.fork_server is not None:  # first: the children below are forked from it
-            work.append(("fork server", self.children.fork_server.start))
+            work.append((FORK_SERVER_WARM_UP, self.children.fork_server.start))
         work.append(("environment schemas", self.catalog.warm))
         if (
             self.settings.effective_default_backend == Backend.LOCAL
@@ -73,10 +74,13 @@ class AppContext:
         for name, task in work:
             thread = threading.Thread(target=_warm, args=(name, task), name=f"warm-up {name}", daemon=True)
             thread.start()
-            self._warm_up.append(thread)
+            if name != FORK_SERVER_WARM_UP:
+                self._warm_up.append(thread)
 
     def stop_children(self) -> None:
-        """End the service's own child processes still running (warm-up included); waits for their threads."""
+        """End the service's own child processes still running (warm-up included); waits for their threads, which
+        give up at once on a fork server still starting. The server's own start is not waited for: it belongs to
+        the process (shared by every app in it), and a closing service forks nothing from it."""
         self.children.close()
         for thread in self._warm_up:
             thread.join(timeout=30)

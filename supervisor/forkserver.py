@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,8 @@ EXIT_RECORD_WAIT_S = 30.0
 # After a server that did not start (it hung or died importing), requests spawn their processes themselves for
 # this long before a new server is tried: each would otherwise wait out the start-up time-out again.
 RETRY_AFTER_FAILED_START_S = 60.0
+# How often a launch waiting for another thread's start of the server asks whether to give up.
+GIVE_UP_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,16 @@ class ForkServer:
         with self._lock:
             return self._connected()
 
-    def launch(self, request: LaunchRequest, stdio: Sequence[int] = ()) -> tuple[int, float] | None:
+    def launch(
+        self, request: LaunchRequest, stdio: Sequence[int] = (), give_up: Callable[[], bool] | None = None
+    ) -> tuple[int, float] | None:
         """The forked process's pid and start time, or None. `stdio`: its stdout and stderr, for a request
-        without a log (the caller keeps and closes its own copies)."""
-        with self._lock:
+        without a log (the caller keeps and closes its own copies). `give_up`: asked while another thread starts
+        the server (seconds of imports); True answers None at once (a service that is closing waits for no start)."""
+        while not self._lock.acquire(timeout=GIVE_UP_POLL_S):
+            if give_up is not None and give_up():
+                return None
+        try:
             if not self._connected():
                 return None
             assert self._sock is not None
@@ -159,6 +167,8 @@ class ForkServer:
             if "pid" not in answer:
                 return None
             return int(answer["pid"]), float(answer["start_time"])
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Closes our end: the server forks nothing more and exits once its processes have."""

@@ -185,6 +185,49 @@ def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path:
         children.run([sys.executable, str(script), "0", "0"], env=env, cwd=tmp_path, timeout_s=60)
 
 
+def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
+    """A service stopping while its fork server still imports (seconds at its start) neither waits for the import
+    nor forks anything once the server is ready."""
+    release, starts = tmp_path / "release", tmp_path / "starts"
+    (tmp_path / "slow_import.py").write_text(
+        f"import os, time\nopen({str(starts)!r}, 'a').write('x')\n"
+        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\n"
+    )
+    slow = ForkServer(["slow_import"], {**os.environ, "PYTHONPATH": str(tmp_path)}, ready_timeout_s=scaled(300))
+    children = ChildRunner(slow)
+    started: list[bool] = []
+    starting = threading.Thread(target=lambda: started.append(slow.start()), daemon=True)
+    starting.start()
+    wait_until(starts.exists, timeout=60, message="the server importing")
+    forked_marker, script = tmp_path / "forked", tmp_path / "child.py"
+    script.write_text(f"open({str(forked_marker)!r}, 'w')\n")
+    refused: list[BaseException] = []
+
+    def run_child() -> None:
+        try:
+            children.run([sys.executable, str(script)], env=dict(os.environ), cwd=tmp_path, timeout_s=600)
+        except BaseException as error:  # noqa: BLE001 - the test looks at what it was
+            refused.append(error)
+
+    waiting = threading.Thread(target=run_child, daemon=True)
+    waiting.start()
+    closing = threading.Thread(target=children.close, daemon=True)
+    try:
+        wait_until(lambda: slow._lock.locked() and waiting.is_alive(), timeout=30, message="a child waiting")
+        closing.start()
+        wait_until(lambda: not closing.is_alive(), timeout=30, message="close() returning during the import")
+        wait_until(lambda: not waiting.is_alive(), timeout=30, message="the waiting child giving up")
+        assert len(refused) == 1 and isinstance(refused[0], ChildProcessError), refused
+    finally:
+        release.touch()
+        starting.join(timeout=scaled(300))
+        pid = slow.pid
+        slow.close()
+        if pid is not None:
+            wait_until(lambda: not process_alive(pid), timeout=30, message="the server ends")
+    assert started == [True] and not forked_marker.exists(), "nothing is forked for a closed runner"
+
+
 def test_a_server_that_hangs_at_start_is_ended_and_processes_are_started_as_before(tmp_path: Path) -> None:
     starts = tmp_path / "starts"
     (tmp_path / "hangs_at_import.py").write_text(
