@@ -72,9 +72,9 @@ def test_a_hanging_model_times_out_and_a_malformed_one_fails_while_the_other_com
     inference_settings: Callable[..., Settings], faulty_endpoint: str
 ) -> None:
     models = [SERVED_MODELS[0], STALLED_MODEL, GARBLED_MODEL]
-    # One time-out for all three: long enough for the healthy model's whole run (a child that imports atroposlib,
-    # then six completions) on a loaded 2-core machine, which the stalled one then waits out.
-    timeout_s = round(scaled(60))
+    # One time-out for all three: long enough for the healthy model's whole run (a child forked from the fork
+    # server, then six completions of the tiny model) on a loaded 2-core machine, which the stalled one waits out.
+    timeout_s = round(scaled(20))
     with in_process_service(inference_settings()) as live, live.client() as client:
         body = {
             "environment": "echo",
