@@ -5,9 +5,8 @@ benchmarks/dataset_loop.py run the same ones."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,36 +14,39 @@ from typing import Any
 
 import httpx
 
+from service.children import process_fork_server
 from supervisor.ports import free_ports
-from tests.support.waiting import wait_until
+from supervisor.process import ProcessSpec, SupervisedProcess
+from tests.support.waiting import scaled, wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
 def served_model(*argv: str, timeout: float = 120) -> Iterator[str]:
-    """`rlctl model serve ARGV...`, until it answers /health; yields its base URL, and stops its process group."""
+    """`rlctl model serve ARGV...`, until it answers /health; yields its base URL, and stops its process group.
+    Forked from this process's fork server, as the service's children are (its imports are paid once)."""
     port = free_ports(1)[0]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "model", "serve", *argv, "--port", str(port)],
-        stdout=subprocess.DEVNULL,  # never read: a pipe left unread would stall a chatty server once full
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _healthy(base_url, process), timeout=timeout, message="model served")
-        yield base_url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
+    with tempfile.TemporaryDirectory(prefix="rlctl-served-model-") as scratch:
+        spec = ProcessSpec(
+            role="model-server",
+            argv=[sys.executable, "-m", "service.cli", "model", "serve", *argv, "--port", str(port)],
+            env=dict(os.environ),
+            cwd=REPO_ROOT,
+            log_path=Path(scratch) / "model-server.log",
+        )
+        process = SupervisedProcess.spawn(spec, process_fork_server())
+        base_url = f"http://127.0.0.1:{port}"
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            wait_until(lambda: _healthy(base_url, process), timeout=timeout, message="model served")
+            yield base_url
+        finally:
+            process.terminate(grace_s=scaled(30))
 
 
-def _healthy(base_url: str, process: subprocess.Popen[bytes]) -> bool:
-    if process.poll() is not None:
-        raise RuntimeError(f"the model server exited with {process.returncode}")
+def _healthy(base_url: str, process: SupervisedProcess) -> bool:
+    if (ended := process.poll()) is not None:
+        raise RuntimeError(f"the model server {ended.describe()}: {process.log_path.read_text()[-2000:]}")
     try:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:

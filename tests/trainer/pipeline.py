@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,11 +15,12 @@ from typing import Any
 import httpx
 import yaml
 
+from service.children import process_fork_server
+from supervisor.process import ProcessSpec, SupervisedProcess
 from tests.support.live import free_port
 from tests.support.waiting import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 SECRETS = ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN")
 
 
@@ -54,49 +53,51 @@ def child_environment(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 class Process:
-    """A child in its own process group, logging to a file; `stop` ends the whole group."""
+    """A child in its own process group, logging to a file; `stop` ends the whole group. Forked from this test
+    process's fork server, as the service forks a run's processes (docs/RUNS.md#the-fork-server): the imports of
+    torch, transformers and atroposlib are paid once per test worker, not once per process."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, environment: dict[str, str]) -> None:
         self.name = name
         self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.popen = subprocess.Popen(
-            argv,
-            cwd=REPO_ROOT,
-            env=environment,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        log_path.write_bytes(b"")
+        spec = ProcessSpec(role=name, argv=argv, env=environment, cwd=REPO_ROOT, log_path=log_path)
+        self.process = SupervisedProcess.spawn(spec, process_fork_server())
+
+    @property
+    def pid(self) -> int:
+        return self.process.identity.pid
 
     @property
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code, or minus the signal that ended it (as subprocess has it); None while it runs."""
+        status = self.process.poll()
+        if status is None:
+            return None
+        return -status.signal if status.signal is not None else status.code
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def wait(self, timeout_s: float) -> int:
-        try:
-            return self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired as error:
-            raise AssertionError(f"{self.name} still running after {timeout_s} s:\n{self.log_tail()}") from error
+        deadline = time.monotonic() + scaled(timeout_s)
+        while (code := self.returncode) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} still running after {timeout_s} s:\n{self.log_tail()}")
+            time.sleep(0.05)
+        return code
 
     def signal_group(self, signum: int) -> None:
         with suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signum)
+            os.killpg(self.pid, signum)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        if self.alive:
-            self.signal_group(signal.SIGTERM)
-            with suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=grace_s)
-        # Grandchildren may outlive the leader; the group id is the leader's pid.
-        self.signal_group(signal.SIGKILL)
-        with suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=scaled(10))
-        self._log.close()
+        """SIGTERM to the group, SIGKILL after the grace period; returns once no member is left."""
+        self.process.terminate(grace_s=grace_s)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
@@ -122,7 +123,7 @@ def processes() -> Iterator[Callable[..., Process]]:
 def wait_http(url: str, process: Process, timeout_s: float) -> None:
     def answers() -> bool:
         if not process.alive:
-            raise AssertionError(f"{process.name} exited ({process.popen.returncode}):\n{process.log_tail()}")
+            raise AssertionError(f"{process.name} exited ({process.returncode}):\n{process.log_tail()}")
         try:
             return httpx.get(url, timeout=2).status_code == 200
         except httpx.HTTPError:
@@ -134,7 +135,7 @@ def wait_http(url: str, process: Process, timeout_s: float) -> None:
 def start_api(start: Callable[..., Process], run_dir: Path, port: int, environment: dict[str, str]) -> Process:
     api = start(
         "run-api",
-        [str(VENV_BIN / "run-api"), "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port)],
         run_dir / "api.log",
         environment,
     )
