@@ -1,7 +1,7 @@
 """The whole loop on trajectories the base model wrote itself, offline with the tiny model and no keys: serve the
 base model (`rlctl model serve`, a real process), collect several answers per echo prompt through POST /collections,
 score them with the `echo` reward, train offline on them, and evaluate the trained checkpoint against the base on
-held-out prompts (docs/EVALUATIONS.md#the-proof-in-the-test-suite)."""
+held-out prompts (docs/EVALUATIONS.md#the-proof-in-the-test-suite), with the evaluation's own checks on the way."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from tests.datasets_api.conftest import succeeded
 from tests.runs.conftest import wait_for_status
+from tests.runs.test_dataset_runs import error_of
 from tests.support.live import in_process_service
 from tests.support.served_model import echo_collection, served_model
 from tests.support.waiting import wait_until
@@ -55,7 +56,15 @@ def test_trajectories_collected_from_the_served_base_model_train_a_checkpoint_th
         )
         assert run.status_code == 201, run.text
         run_id = run.json()["id"]
+        assert run.json()["total_steps"] == 12 * SAMPLES * 3 // 16  # 12 training prompts, 3 epochs, 16 per step
         wait_for_status(client, run_id, {"completed"}, timeout=600)
+
+        # The evaluation's own checks: a step without a checkpoint, an offline run's missing rewards, no such run.
+        too_soon = client.post("/evaluations", json={"run_id": run_id, "steps": [5]})
+        assert too_soon.status_code == 422 and error_of(too_soon)["details"]["available"] == [3, 6, 9, 12, 15, 18]
+        no_rewards = client.post("/evaluations", json={"run_id": run_id})  # an offline run has no rewards of its own
+        assert no_rewards.status_code == 422 and error_of(no_rewards)["details"]["field"] == "rewards"
+        assert client.post("/evaluations", json={"run_id": "nope"}).status_code == 404
 
         response = client.post(
             "/evaluations",
@@ -70,6 +79,10 @@ def test_trajectories_collected_from_the_served_base_model_train_a_checkpoint_th
         done = wait_until(evaluated, timeout=300, message="evaluation ends")
     assert done["status"] == "succeeded", done["error"]
     base, trained = done["models"]
+    assert (base["name"], trained["name"]) == ("base", "step_18")
     assert base["samples"] == trained["samples"] == 4 * 8  # 4 held-out prompts x 8 samples
     assert trained["mean_reward"] > base["mean_reward"], done["models"]
     assert trained["interval"][0] > 0, done["models"]  # the 95 % interval of the difference is above zero
+    assert trained["win_rate"] > 0.5, done["models"]
+    assert len(done["prompts"]) == 4 and set(done["prompts"][0]["rewards"]) == {"base", "step_18"}
+    assert done["progress"]["done"] == done["progress"]["total"] == 2 * 4 * 8
