@@ -16,8 +16,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from service.settings import SECRET_ENV_NAMES
 from supervisor.forkserver import EXIT_RECORD_WAIT_S, ForkServer, LaunchRequest, read_exit, runnable
@@ -103,13 +105,7 @@ class ChildRunner:
             finally:
                 os.close(out_write)
                 os.close(err_write)
-            with self._lock:
-                closing = self._closed
-                if forked is not None and not closing:
-                    self._running.add(forked[0])
-            if forked is None or closing:
-                if forked is not None:
-                    _kill(forked[0])  # forked while the service closed: it does not outlive the service
+            if forked is None or not self._track(forked[0]):
                 os.close(out_read)
                 os.close(err_read)
                 self._refuse_when_closed()  # not started anew either
@@ -126,6 +122,76 @@ class ChildRunner:
                     self._running.discard(pid)
         return subprocess.CompletedProcess(list(argv), returncode, stdout, stderr)
 
+    def open(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> PipedChild:
+        """A child the caller talks to over its stdin and stdout (text), its stderr kept for the caller to read;
+        forked where the fork server can run it. ChildProcessError once the service is closing."""
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the child's, closed with it
+        scratch = tempfile.TemporaryDirectory(prefix="rlctl-child-")
+        record = Path(scratch.name) / "exit"
+        (in_read, in_write), (out_read, out_write) = os.pipe(), os.pipe()
+        started: tuple[int, float, subprocess.Popen[bytes] | None] | None = None
+        try:
+            self._refuse_when_closed()
+            if self.fork_server is not None and runnable(argv, sys.executable):
+                request = LaunchRequest(argv, env, str(cwd), None, str(record))
+                forked = self.fork_server.launch(
+                    request, (out_write, stderr.fileno(), in_read), give_up=lambda: self._closed
+                )
+                if forked is not None:
+                    started = (*forked, None)
+            if started is None:
+                self._refuse_when_closed()
+                popen = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env=dict(env),
+                    stdin=in_read,
+                    stdout=out_write,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
+                started = (popen.pid, 0.0, popen)
+            if not self._track(started[0]):
+                self._refuse_when_closed()
+        except BaseException:
+            for fd in (in_write, out_read):
+                os.close(fd)
+            stderr.close()
+            scratch.cleanup()
+            raise
+        finally:
+            os.close(in_read)
+            os.close(out_write)
+        pid, start_time, started_popen = started
+
+        def release() -> None:
+            self._forget(pid)
+            scratch.cleanup()
+
+        return PipedChild(
+            pid=pid,
+            stdin=os.fdopen(in_write, "w", encoding="utf-8"),
+            stdout=os.fdopen(out_read, "r", encoding="utf-8"),
+            stderr=stderr,
+            ended=_fork_ended(record, pid, start_time) if started_popen is None else _popen_ended(started_popen),
+            release=release,
+        )
+
+    def _track(self, pid: int) -> bool:
+        """Count a child just started as running, so close() ends it; a child started while the service closed is
+        killed instead (it does not outlive the service): False."""
+        with self._lock:
+            closing = self._closed
+            if not closing:
+                self._running.add(pid)
+        if closing:
+            _kill(pid)
+        return not closing
+
+    def _forget(self, pid: int) -> None:
+        with self._lock:
+            self._running.discard(pid)
+
     def _refuse_when_closed(self) -> None:
         if self._closed:
             raise ChildProcessError("the service is stopping")
@@ -141,6 +207,48 @@ class ChildRunner:
             running = list(self._running)
         for session in running:
             _kill(session)
+
+
+@dataclass
+class PipedChild:
+    """A running child of ChildRunner.open: write to `stdin`, read from `stdout`; `stderr` is a file it writes."""
+
+    pid: int
+    stdin: IO[str]
+    stdout: IO[str]
+    stderr: IO[bytes]
+    ended: Callable[[float], bool]  # has it ended, waiting up to that many seconds
+    release: Callable[[], None]
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """End of input; the child is killed if it has not ended within `grace_s`."""
+        with contextlib.suppress(OSError):
+            self.stdin.close()
+        if not self.ended(grace_s):
+            _kill(self.pid)
+            self.ended(grace_s)
+        for stream in (self.stdout, self.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self.release()
+
+
+def _popen_ended(popen: subprocess.Popen[bytes]) -> Callable[[float], bool]:
+    def ended(wait_s: float) -> bool:
+        try:
+            popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    return ended
+
+
+def _fork_ended(record: Path, pid: int, start_time: float) -> Callable[[float], bool]:
+    def ended(wait_s: float) -> bool:  # the server writes the record once it has reaped the fork
+        return read_exit(record, pid, start_time, START_TIME_TOLERANCE_S, wait_s) is not None
+
+    return ended
 
 
 def _read_until_closed(out_fd: int, err_fd: int, deadline: float) -> tuple[bytes, bytes, bool]:

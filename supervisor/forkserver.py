@@ -65,8 +65,8 @@ GIVE_UP_POLL_S = 0.1
 class LaunchRequest:
     """What to become: `argv` as a command line would give it (`[python, "-m", module, ...]` or `[python, script,
     ...]`), the whole environment and the working directory. Its stdout and stderr are the log at `log_path`, or
-    the two descriptors sent with the request (pipes of the caller) when `log_path` is None. Its exit is recorded
-    at `exit_path`, by default beside the log."""
+    the two descriptors sent with the request (pipes of the caller) when `log_path` is None; a third descriptor
+    sent is its stdin (else /dev/null). Its exit is recorded at `exit_path`, by default beside the log."""
 
     argv: Sequence[str]
     env: Mapping[str, str]
@@ -149,7 +149,7 @@ class ForkServer:
         self, request: LaunchRequest, stdio: Sequence[int] = (), give_up: Callable[[], bool] | None = None
     ) -> tuple[int, float] | None:
         """The forked process's pid and start time, or None. `stdio`: its stdout and stderr, for a request
-        without a log (the caller keeps and closes its own copies). `give_up`: asked while another thread starts
+        without a log, and optionally its stdin (the caller keeps and closes its own copies). `give_up`: asked while another thread starts
         the server (seconds of imports); True answers None at once (a service that is closing waits for no start)."""
         while not self._lock.acquire(timeout=GIVE_UP_POLL_S):
             if give_up is not None and give_up():
@@ -257,7 +257,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     while connected or children:
         for key, _ in selector.select():
             if key.fileobj is sock:
-                message, stdio, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE, 2)
+                message, stdio, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE, 3)
                 if not message:
                     connected = False
                     selector.unregister(sock)
@@ -373,9 +373,12 @@ def _detach(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int,
     for fd in server_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    if len(stdio) > 2:
+        os.dup2(stdio[2], 0)
+    else:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
     if request.log_path is not None:
         log = os.open(request.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         outputs: Sequence[int] = (log, log)
@@ -383,7 +386,7 @@ def _detach(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int,
         outputs = stdio
     os.dup2(outputs[0], 1)
     os.dup2(outputs[1], 2)
-    for fd in set(outputs):
+    for fd in {*outputs, *stdio}:  # received descriptors are above 2: each is in place by now
         os.close(fd)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     unbuffered = bool(request.env.get("PYTHONUNBUFFERED"))

@@ -10,15 +10,15 @@ answers one JSON line per record; it runs with the secrets removed from its envi
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import queue
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from service.children import ChildRunner
 from service.context import AppContext
 from service.environments.catalog import child_process_environment
 from service.errors import NotFound
@@ -58,20 +58,16 @@ def defines_scorer(path: Path) -> bool:
 class ChildScorer:
     """`EnvironmentScorer` (trajectories/rewards.py) backed by a child process; close it when done."""
 
-    def __init__(self, file_path: Path, answer_field: str, start_timeout_s: float) -> None:
+    def __init__(self, children: ChildRunner, file_path: Path, answer_field: str, start_timeout_s: float) -> None:
         self.answer_field = answer_field
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "service.datasets.scorer_child", str(file_path)],
-            cwd=REPO_ROOT,
-            env=child_process_environment(set(SECRET_ENV_NAMES)),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            encoding="utf-8",
-            start_new_session=True,
-        )
+        try:  # forked from the fork server where it can: the environment's imports are mostly done there
+            self._child = children.open(
+                [sys.executable, "-m", "service.datasets.scorer_child", str(file_path)],
+                env=child_process_environment(set(SECRET_ENV_NAMES)),
+                cwd=REPO_ROOT,
+            )
+        except (ChildProcessError, OSError) as error:
+            raise ScorerFailed(f"the scorer of {file_path.stem} could not start: {error}") from None
         self._answers: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read_answers, name="scorer-reader", daemon=True).start()
         ready = self._next_answer(start_timeout_s)
@@ -84,10 +80,9 @@ class ChildScorer:
         answer = record.metadata.get(self.answer_field)
         if answer is None:
             return 0.0
-        assert self._process.stdin is not None
         try:
-            self._process.stdin.write(json.dumps({"completion": completion, "answer": answer}) + "\n")
-            self._process.stdin.flush()
+            self._child.stdin.write(json.dumps({"completion": completion, "answer": answer}) + "\n")
+            self._child.stdin.flush()
         except OSError as error:
             raise ScorerFailed(f"the scorer process is gone: {self._stderr_tail()}") from error
         answer_line = self._next_answer(RECORD_TIMEOUT_S)
@@ -96,20 +91,12 @@ class ChildScorer:
         return float(answer_line["score"])
 
     def close(self) -> None:
-        if self._process.poll() is None:
-            try:
-                if self._process.stdin:
-                    self._process.stdin.close()
-                self._process.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self._process.kill()
-                self._process.wait(timeout=5)
-        self._stderr.close()
+        self._child.close(grace_s=5.0)
 
     def _read_answers(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self._answers.put(line)
+        with contextlib.suppress(OSError, ValueError):  # ValueError: closed under us by close()
+            for line in self._child.stdout:
+                self._answers.put(line)
         self._answers.put(None)
 
     def _next_answer(self, timeout_s: float) -> dict[str, Any]:
@@ -126,8 +113,8 @@ class ChildScorer:
 
     def _stderr_tail(self) -> str:
         try:
-            self._stderr.seek(0)
-            lines = self._stderr.read().decode("utf-8", errors="replace").strip().splitlines()
+            self._child.stderr.seek(0)
+            lines = self._child.stderr.read().decode("utf-8", errors="replace").strip().splitlines()
         except (OSError, ValueError):
             return "no output"
         return " | ".join(lines[-5:]) or "no output"

@@ -357,7 +357,7 @@ def environment_scorers(
             name = entry["name"]
             if env_scorer.has_scorer(ctx, name):
                 path = ctx.catalog.get(name).file_path
-                scorers[name] = env_scorer.ChildScorer(path, answer_field, ctx.settings.schema_timeout_s)
+                scorers[name] = env_scorer.ChildScorer(ctx.children, path, answer_field, ctx.settings.schema_timeout_s)
     except env_scorer.ScorerFailed as error:
         for scorer in scorers.values():
             scorer.close()

@@ -185,6 +185,35 @@ def test_the_services_children_are_forked_with_their_output_piped_back(tmp_path:
         children.run([sys.executable, str(script), "0", "0"], env=env, cwd=tmp_path, timeout_s=60)
 
 
+def test_a_child_spoken_to_over_pipes_is_forked_and_ended_by_its_close(tmp_path: Path, server: ForkServer) -> None:
+    """ChildRunner.open (an environment's scorer): lines in on stdin, lines out on stdout, stderr kept apart."""
+    children = ChildRunner(server)
+    script = tmp_path / "echo_lines.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('started', os.getppid(), flush=True); print('to stderr', file=sys.stderr, flush=True)\n"
+        "for line in sys.stdin:\n    print(line.strip().upper(), flush=True)\n"
+    )
+    child = children.open([sys.executable, str(script)], env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path)
+    assert child.stdout.readline().split() == ["started", str(server.pid)], "forked from the server"
+    child.stdin.write("hello\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "HELLO\n"
+    child.stderr.seek(0)
+    assert child.stderr.read() == b"to stderr\n", "its stderr is kept apart from what it answers"
+    child.close()
+    assert not process_alive(child.pid) and not children._running, "ended, and no longer the runner's"
+
+    stuck = tmp_path / "ignores_its_input.py"
+    stuck.write_text("import time\ntime.sleep(600)\n")
+    ignoring = children.open([sys.executable, str(stuck)], env=dict(os.environ), cwd=tmp_path)
+    ignoring.close(grace_s=0.5)  # its input ends, it does not: killed after the grace period
+    assert not process_alive(ignoring.pid)
+    children.close()
+    with pytest.raises(ChildProcessError):
+        children.open([sys.executable, str(script)], env=dict(os.environ), cwd=tmp_path)
+
+
 def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
     """A service stopping while its fork server still imports (seconds at its start) neither waits for the import
     nor forks anything once the server is ready."""
