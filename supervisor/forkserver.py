@@ -149,8 +149,9 @@ class ForkServer:
         self, request: LaunchRequest, stdio: Sequence[int] = (), give_up: Callable[[], bool] | None = None
     ) -> tuple[int, float] | None:
         """The forked process's pid and start time, or None. `stdio`: its stdout and stderr, for a request
-        without a log, and optionally its stdin (the caller keeps and closes its own copies). `give_up`: asked while another thread starts
-        the server (seconds of imports); True answers None at once (a service that is closing waits for no start)."""
+        without a log, and optionally its stdin (the caller keeps and closes its own copies). `give_up`: asked
+        while another thread starts the server (seconds of imports); True answers None at once (a service that is
+        closing waits for no start)."""
         while not self._lock.acquire(timeout=GIVE_UP_POLL_S):
             if give_up is not None and give_up():
                 return None
