@@ -22,7 +22,7 @@ from service.settings import Settings
 from service.tools.catalog import ALL_TOOLS
 from tests.support import mcp_raw
 from tests.support.live import LiveService, live_service
-from tests.support.waiting import wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 
 ADMIN_TOKEN = "scopes-env-admin-token"
 PUBLIC_PATHS = {"/healthz", "/readyz", "/ui", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -108,7 +108,7 @@ def test_the_scopes_of_the_routes_follow_the_rules(scoped: Scoped) -> None:
 def test_no_token_wrong_token_and_the_env_token(scoped: Scoped) -> None:
     with scoped.live.client(token="rlctl_not-a-token") as client:
         assert client.get("/runs").status_code == 401
-    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+    with httpx.Client(base_url=scoped.live.base_url, timeout=REQUEST_TIMEOUT) as anonymous:
         response = anonymous.get("/runs")
         assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHORIZED"
         assert anonymous.get("/healthz").status_code == 200
@@ -154,7 +154,7 @@ def test_mcp_lists_and_refuses_by_scope(scoped: Scoped) -> None:
                 else:
                     assert response.status_code == 403, (tool.name, scope, response.text)
                     assert response.json()["error"]["code"] == "INSUFFICIENT_SCOPE"
-    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+    with httpx.Client(base_url=scoped.live.base_url, timeout=REQUEST_TIMEOUT) as anonymous:
         assert mcp(anonymous, "tools/list", {}).status_code == 401
 
 
@@ -189,7 +189,7 @@ def test_a_broken_tokens_file_fails_closed_but_the_env_token_still_works(scoped:
     with scoped.client(Scope.ADMIN) as client:
         response = client.get("/runs")
         assert response.status_code == 503 and "tokens file" in response.json()["error"]["message"]
-    with httpx.Client(base_url=scoped.live.base_url) as anonymous:
+    with httpx.Client(base_url=scoped.live.base_url, timeout=REQUEST_TIMEOUT) as anonymous:
         assert anonymous.get("/runs").status_code == 503  # never open
     with scoped.live.client(token=ADMIN_TOKEN) as admin:
         assert admin.get("/runs").status_code == 200

@@ -14,7 +14,7 @@ import pytest
 from service.db import migrate
 from tests.support.live import free_port
 from tests.support.tiny_model import seed_tiny_model
-from tests.support.waiting import wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,9 +61,15 @@ def test_db_upgrade_then_serve_with_a_token(tmp_path: Path) -> None:
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 200, timeout=60, message="readyz")
-        assert httpx.get(f"{base}/environments").status_code == 401
-        listed = httpx.get(f"{base}/environments", headers={"Authorization": "Bearer cli-secret-token"})
+        wait_until(
+            lambda: httpx.get(f"{base}/readyz", timeout=REQUEST_TIMEOUT).status_code == 200,
+            timeout=60,
+            message="readyz",
+        )
+        assert httpx.get(f"{base}/environments", timeout=REQUEST_TIMEOUT).status_code == 401
+        listed = httpx.get(
+            f"{base}/environments", headers={"Authorization": "Bearer cli-secret-token"}, timeout=REQUEST_TIMEOUT
+        )
         assert listed.status_code == 200
         assert "gsm8k" in [e["name"] for e in listed.json()["environments"]]
     finally:

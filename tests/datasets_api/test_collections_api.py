@@ -19,7 +19,7 @@ from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.endpoints import tiny_model_endpoint
 from tests.support.live import in_process_service
-from tests.support.waiting import wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 from trainer.tiny_model import init_tiny_model
 from trajectories.stats import RECORD_STATS_KEYS
 
@@ -34,7 +34,11 @@ class TinyEndpoint:
         self.base_url, self.model = base_url, model
 
     def chat_calls(self) -> int:
-        return httpx.get(self.base_url.removesuffix("/v1") + "/health").json()["served"].get("chat_completions", 0)
+        return (
+            httpx.get(self.base_url.removesuffix("/v1") + "/health", timeout=REQUEST_TIMEOUT)
+            .json()["served"]
+            .get("chat_completions", 0)
+        )
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from tests.conftest import build_settings
 from tests.ops.cli import LineCollector, rlctl, spawn, stop
 from tests.ops.seeding import SeededRun, seed_run
 from tests.support.live import free_port, live_service
-from tests.support.waiting import scaled, wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
 
 TOKEN = "cli-client-token"
 TERMINAL = {"completed", "stopped", "failed"}
@@ -126,7 +126,12 @@ def test_environments_errors_and_connection_options(tmp_path: Path) -> None:
         assert unknown_field.returncode == 1 and "UNKNOWN_FIELD" in unknown_field.stderr
         malformed = rlctl(live.base_url, "runs", "start", "echo", "--set", "group_size", token=TOKEN)
         assert malformed.returncode == 1 and "FIELD=VALUE" in malformed.stderr
-        assert httpx.get(f"{live.base_url}/runs", headers={"Authorization": f"Bearer {TOKEN}"}).json()["count"] == 0
+        assert (
+            httpx.get(
+                f"{live.base_url}/runs", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=REQUEST_TIMEOUT
+            ).json()["count"]
+            == 0
+        )
 
         wrong_token = rlctl(live.base_url, "runs", "list", token="not-the-token")
         assert wrong_token.returncode == 1 and "401 UNAUTHORIZED" in wrong_token.stderr

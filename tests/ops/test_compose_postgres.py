@@ -43,7 +43,7 @@ from tests.ops.deployfiles import (
 from tests.support.databases import POSTGRES_URL_VARIABLE
 from tests.support.live import free_port
 from tests.support.tiny_model import seed_tiny_model
-from tests.support.waiting import wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 
 pytestmark = [
     pytest.mark.e2e,
@@ -136,14 +136,16 @@ def test_the_service_runs_with_the_compose_environment(tmp_path: Path, compose_d
             return subprocess.run(health, env=env, cwd=workdir, capture_output=True, timeout=30).returncode == 0
 
         wait_until(healthy, timeout=180, interval=0.5, message="the Dockerfile's health check")
-        ready = httpx.get(f"{base}/readyz").json()
+        ready = httpx.get(f"{base}/readyz", timeout=REQUEST_TIMEOUT).json()
         assert ready["schema_revision"] == migrate.head_revision() == ready["head_revision"]
 
-        assert httpx.get(f"{base}/environments").status_code == 401
+        assert httpx.get(f"{base}/environments", timeout=REQUEST_TIMEOUT).status_code == 401
         auth = {"Authorization": f"Bearer {token}"}
-        missing = httpx.get(f"{base}/runs/nope", headers={**auth, "X-Request-ID": "compose-check-1"})
+        missing = httpx.get(
+            f"{base}/runs/nope", headers={**auth, "X-Request-ID": "compose-check-1"}, timeout=REQUEST_TIMEOUT
+        )
         assert missing.status_code == 404 and missing.json()["error"]["request_id"] == "compose-check-1"
-        assert "rlctl_database_up 1.0" in httpx.get(f"{base}/metrics", headers=auth).text
+        assert "rlctl_database_up 1.0" in httpx.get(f"{base}/metrics", headers=auth, timeout=REQUEST_TIMEOUT).text
 
         # The client commands inside the container would find the token in the same environment.
         listed = subprocess.run(

@@ -16,6 +16,7 @@ from tests.ops.seeding import SeededRun, record_step, seed_run
 from tests.support.browser import Browser, chromium_executable, headless_chromium
 from tests.support.live import LiveService, live_service
 from tests.support.png import read_png
+from tests.support.waiting import REQUEST_TIMEOUT
 
 pytestmark = pytest.mark.e2e
 
@@ -43,12 +44,12 @@ def ui_service(tmp_path: Path) -> Iterator[LiveService]:
 
 
 def test_the_page_is_public_static_and_locked_down(ui_service: LiveService) -> None:
-    page = httpx.get(f"{ui_service.base_url}/ui")
+    page = httpx.get(f"{ui_service.base_url}/ui", timeout=REQUEST_TIMEOUT)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     policy = page.headers["content-security-policy"]
     assert "script-src 'sha256-" in policy and "connect-src 'self'" in policy and "unsafe-inline" not in policy
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page.text), "no CDN, no build: everything is inline"
-    paths = httpx.get(f"{ui_service.base_url}/openapi.json").json()["paths"]
+    paths = httpx.get(f"{ui_service.base_url}/openapi.json", timeout=REQUEST_TIMEOUT).json()["paths"]
     assert "/ui" not in paths and "/metrics" not in paths
 
 

@@ -25,7 +25,7 @@ from service.observability import SecretScrubber
 from service.settings import Settings
 from tests.support.live import LiveService, live_service
 from tests.support.service_process import service_process
-from tests.support.waiting import scaled, wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
 from trajectories.reading import MAX_NESTING
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
@@ -122,7 +122,10 @@ def test_a_client_gone_mid_upload_is_not_a_server_error(make_settings: Any) -> N
 
 
 def test_unauthorized_answers_name_the_scheme(make_settings: Any) -> None:
-    with live_service(make_settings(api_token="tok-1")) as live, httpx.Client(base_url=live.base_url) as anonymous:
+    with (
+        live_service(make_settings(api_token="tok-1")) as live,
+        httpx.Client(base_url=live.base_url, timeout=REQUEST_TIMEOUT) as anonymous,
+    ):
         for answer in (anonymous.get("/runs"), anonymous.post("/mcp", json={})):
             assert answer.status_code == 401 and answer.headers["WWW-Authenticate"] == "Bearer"
         with live.client() as client:

@@ -23,7 +23,7 @@ import httpx
 import psutil
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -105,7 +105,11 @@ def headless_chromium(work_dir: Path, executable: str) -> Iterator[Browser]:
     try:
         port = wait_until(lambda: _devtools_port(profile, process), timeout=60, message="chromium's DevTools port")
         targets = wait_until(
-            lambda: [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json() if t["type"] == "page"],
+            lambda: [
+                t
+                for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=REQUEST_TIMEOUT).json()
+                if t["type"] == "page"
+            ],
             timeout=30,
             message="a page target",
         )

@@ -19,10 +19,9 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
 from supervisor.ports import free_ports
-from tests.support.waiting import scaled, wait_until
+from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
 
 # How long one request may take: generous, since a loaded machine is slow and a hang fails the test anyway.
-REQUEST_TIMEOUT_S = 120.0
 
 
 def free_port() -> int:
@@ -53,12 +52,10 @@ class LiveService(Service):
     base_url: str = ""
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url, headers=self._headers(token), timeout=scaled(REQUEST_TIMEOUT_S), **kwargs
-        )
+        return httpx.Client(base_url=self.base_url, headers=self._headers(token), timeout=REQUEST_TIMEOUT, **kwargs)
 
     def anonymous(self, headers: dict[str, str] | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, headers=headers or {}, timeout=scaled(REQUEST_TIMEOUT_S))
+        return httpx.Client(base_url=self.base_url, headers=headers or {}, timeout=REQUEST_TIMEOUT)
 
 
 class _AppClient(TestClient):

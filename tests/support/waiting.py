@@ -30,6 +30,10 @@ def _time_scale() -> float:
 
 TIME_SCALE = _time_scale()
 
+# A request's deadline: what a loaded machine may take to answer one (httpx's default of 5 s is not one; a first
+# /openapi.json or MCP tools/list there took longer). Every client of the suite has this one unless it needs another.
+REQUEST_TIMEOUT = 120.0 * TIME_SCALE
+
 
 def scaled(seconds: float) -> float:
     """A deadline of the suite: `seconds` on the reference machine, times RLCTL_TEST_TIME_SCALE."""

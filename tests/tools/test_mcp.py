@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 
 from service.settings import Settings
 from tests.support.live import live_service
+from tests.support.waiting import REQUEST_TIMEOUT
 
 TOKEN = "mcp-test-token"
 
@@ -63,7 +64,9 @@ def test_tools_are_listed_with_schemas_and_hints(make_settings: Callable[..., Se
 
 def test_mcp_needs_the_token(make_settings: Callable[..., Settings]) -> None:
     with live_service(make_settings(api_token=TOKEN)) as live:
-        response = httpx.post(f"{live.base_url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        response = httpx.post(
+            f"{live.base_url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=REQUEST_TIMEOUT
+        )
         assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHORIZED"
         with pytest.raises(BaseException):  # noqa: B017 - the SDK wraps the 401 in its own exception groups
             anyio.run(with_agent, live.base_url, lambda agent: agent.call("rl_list_runs"), "mcp", "wrong")

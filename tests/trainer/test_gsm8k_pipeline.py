@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import TEST_DATA
 from tests.support.live import free_port
+from tests.support.waiting import REQUEST_TIMEOUT
 from tests.trainer.pipeline import (
     REPO_ROOT,
     child_environment,
@@ -65,7 +66,7 @@ def test_gsm8k_rollouts_flow_and_the_trainer_reports_waiting(tiny_model_dir: Pat
             return env.log_text().count("Scores are the same in a group") >= 2
 
         wait_for(groups_scored_and_dropped, 60, "the environment to score and drop two groups")
-        served = httpx.get(health_url).json()["served"]
+        served = httpx.get(health_url, timeout=REQUEST_TIMEOUT).json()["served"]
         assert served.get("generate", 0) >= 2 and served["completions"] >= 8  # rollouts of 4 each
         wait_for(
             lambda: [r for r in metric_lines(run_dir) if r.get("event") == "waiting_for_rollouts"],

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.support.live import free_port
+from tests.support.waiting import REQUEST_TIMEOUT
 from trainer.backends.local import LocalBackend
 from trainer.config import parse_config
 from trainer.failures import SAMPLING_FAILED, FailureBudget
@@ -47,9 +48,9 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def test_health_and_models(served: tuple[str, LocalBackend]) -> None:
     url, backend = served
-    health = httpx.get(f"{url}/health").json()
+    health = httpx.get(f"{url}/health", timeout=REQUEST_TIMEOUT).json()
     assert health["status"] == "ok" and health["weights_version"] == 7
-    models = httpx.get(f"{url}/v1/models").json()
+    models = httpx.get(f"{url}/v1/models", timeout=REQUEST_TIMEOUT).json()
     assert [entry["id"] for entry in models["data"]] == [ALIAS, backend.model_name]  # the short name first
 
 
@@ -70,7 +71,7 @@ def test_generate_answers_in_sglang_shape(served: tuple[str, LocalBackend]) -> N
             assert len(triples) == 5
     one = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {"n": 1}}, timeout=120).json()
     assert isinstance(one, dict) and "meta_info" in one  # a single object for n = 1, as SGLang answers
-    served_counts = httpx.get(f"{url}/health").json()["served"]
+    served_counts = httpx.get(f"{url}/health", timeout=REQUEST_TIMEOUT).json()["served"]
     assert served_counts["generate"] >= 2 and served_counts["completions"] >= 4
 
 
@@ -139,7 +140,9 @@ def test_bad_requests_get_openai_style_errors(served: tuple[str, LocalBackend]) 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="echo is not supported"):
         client.completions.create(model=backend.model_name, prompt="x", echo=True)
-    too_long = httpx.post(f"{url}/generate", json={"input_ids": [5] * 5000, "sampling_params": {"n": 1}})
+    too_long = httpx.post(
+        f"{url}/generate", json={"input_ids": [5] * 5000, "sampling_params": {"n": 1}}, timeout=REQUEST_TIMEOUT
+    )
     assert too_long.status_code == 400 and "context" in too_long.json()["error"]["message"]
 
 
@@ -154,7 +157,9 @@ def test_unknown_model_is_a_404_and_served_names_answer(served: tuple[str, Local
         client.completions.create(model="no-such/model", prompt="x", max_tokens=2)
     aliased = client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=2)
     assert aliased.model == ALIAS and len(aliased.choices) == 1
-    unnamed = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}).json()
+    unnamed = httpx.post(
+        f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=REQUEST_TIMEOUT
+    ).json()
     assert unnamed["model"] == backend.model_name
 
 
@@ -241,13 +246,15 @@ def test_errors_are_openai_shaped_and_models_can_be_retrieved(served: tuple[str,
     assert client.models.retrieve(ALIAS).id == ALIAS
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("no-such-model")
-    malformed = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"content": "no role"}]})
+    malformed = httpx.post(
+        f"{url}/v1/chat/completions", json={"messages": [{"content": "no role"}]}, timeout=REQUEST_TIMEOUT
+    )
     assert malformed.status_code == 400
     error = malformed.json()["error"]
     assert error["type"] == "invalid_request_error" and "messages.0.role" in error["message"]
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=ALIAS, messages=[])
-    missing = httpx.get(f"{url}/v1/no-such-endpoint")
+    missing = httpx.get(f"{url}/v1/no-such-endpoint", timeout=REQUEST_TIMEOUT)
     assert missing.status_code == 404 and "error" in missing.json()
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.served_model import served_model
+from tests.support.waiting import REQUEST_TIMEOUT
 from trainer.evaluate import backend_for
 
 
@@ -26,7 +27,7 @@ def test_a_model_and_a_checkpoint_are_served_openai_style(tiny_model_dir: Path, 
     checkpoint = backend.save_checkpoint(1).path
 
     with served_model(str(tiny_model_dir)) as base_url:
-        models = httpx.get(f"{base_url}/v1/models").json()
+        models = httpx.get(f"{base_url}/v1/models", timeout=REQUEST_TIMEOUT).json()
         assert models["data"][0]["id"] == str(tiny_model_dir)
         base_answer = chat(base_url)
         assert base_answer["choices"][0]["finish_reason"] in ("stop", "length")

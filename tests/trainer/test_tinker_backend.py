@@ -24,6 +24,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.support.live import free_port
+from tests.support.waiting import REQUEST_TIMEOUT
 from tests.trainer.pipeline import (
     child_environment,
     metric_lines,
@@ -151,7 +152,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
 
         for batch in batches[:2]:
             for group in batch:
-                httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+                httpx.post(f"{api_url}/scored_data", json=group, timeout=REQUEST_TIMEOUT).raise_for_status()
         wait_for(lambda: len(step_metrics(run_dir)) == 2, 60, "two steps")
 
         # The inference server samples through the sampling client of the newest published weights.
@@ -160,6 +161,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         results = httpx.post(
             f"http://127.0.0.1:{inference_port}/generate",
             json={"input_ids": prompt, "sampling_params": params, "top_logprobs_num": 2},
+            timeout=REQUEST_TIMEOUT,
         ).json()
         assert len(results) == 3
         assert all(len(r["meta_info"]["output_token_logprobs"]) == r["meta_info"]["completion_tokens"] for r in results)
@@ -172,7 +174,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         assert [chunk["tokens"] for chunk in sampled["prompt"]["chunks"]] == [prompt]
 
         for group in batches[2]:
-            httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+            httpx.post(f"{api_url}/scored_data", json=group, timeout=REQUEST_TIMEOUT).raise_for_status()
         assert trainer.wait(60) == 0, trainer.log_tail()
         completed = trainer_state(run_dir)
 
@@ -190,7 +192,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
         resumed = start_trainer(start, config, environment, name="trainer-resumed")
         wait_http(f"http://127.0.0.1:{inference_port}/health", resumed, 90)
         for group in batches[3]:
-            httpx.post(f"{api_url}/scored_data", json=group).raise_for_status()
+            httpx.post(f"{api_url}/scored_data", json=group, timeout=REQUEST_TIMEOUT).raise_for_status()
         assert resumed.wait(60) == 0, resumed.log_tail()
 
     [loaded] = service.calls("load_weights")

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.support.live import free_port
+from tests.support.waiting import REQUEST_TIMEOUT
 from tests.trainer.pipeline import (
     child_environment,
     metric_lines,
@@ -57,7 +58,7 @@ def scored_group(rng: random.Random, with_logprobs: bool) -> dict:
 
 def post_batch(api_url: str, rng: random.Random, with_logprobs: bool = True) -> None:
     for _ in range(BATCH_SIZE // GROUP_SIZE):
-        response = httpx.post(f"{api_url}/scored_data", json=scored_group(rng, with_logprobs))
+        response = httpx.post(f"{api_url}/scored_data", json=scored_group(rng, with_logprobs), timeout=REQUEST_TIMEOUT)
         response.raise_for_status()
 
 
@@ -102,7 +103,7 @@ def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(tiny_model_
         for record in step_metrics(run_dir):
             assert record["metrics"].keys() >= REQUIRED_METRICS
             assert record["metrics"]["batch/sequences"] == BATCH_SIZE
-        health = httpx.get(f"http://127.0.0.1:{inference_port}/health").json()
+        health = httpx.get(f"http://127.0.0.1:{inference_port}/health", timeout=REQUEST_TIMEOUT).json()
         assert health["weights_version"] == 3  # published after every step
 
         trainer.signal_group(signal.SIGTERM)
@@ -114,11 +115,18 @@ def test_trainer_trains_reports_waiting_stops_on_sigterm_and_resumes(tiny_model_
 
         resumed = start_trainer(start, config, environment, name="trainer-resumed")
         wait_http(f"http://127.0.0.1:{inference_port}/health", resumed, 90)
-        assert httpx.get(f"http://127.0.0.1:{inference_port}/health").json()["weights_version"] == 3
+        assert (
+            httpx.get(f"http://127.0.0.1:{inference_port}/health", timeout=REQUEST_TIMEOUT).json()["weights_version"]
+            == 3
+        )
         # The API forgets its trainer on /reset_data and answers /batch with 500 until it registers again.
-        httpx.get(f"{api_url}/reset_data").raise_for_status()
+        httpx.get(f"{api_url}/reset_data", timeout=REQUEST_TIMEOUT).raise_for_status()
         wait_for(lambda: "registering again" in resumed.log_text(), 30, "the trainer to register again")
-        wait_for(lambda: httpx.get(f"{api_url}/info").json()["batch_size"] == BATCH_SIZE, 30, "registration")
+        wait_for(
+            lambda: httpx.get(f"{api_url}/info", timeout=REQUEST_TIMEOUT).json()["batch_size"] == BATCH_SIZE,
+            30,
+            "registration",
+        )
         post_batch(api_url, rng)
         assert resumed.wait(90) == 0
         assert "resuming from the checkpoint of step 3" in resumed.log_text()
@@ -192,7 +200,9 @@ def test_a_collapse_is_flagged_and_stop_on_collapse_ends_the_run_keeping_the_bes
         wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
         for step, level in enumerate(levels, start=1):  # one batch per step, in order
             for _ in range(BATCH_SIZE // GROUP_SIZE):
-                httpx.post(f"{api_url}/scored_data", json=rewarded_group(rng, level)).raise_for_status()
+                httpx.post(
+                    f"{api_url}/scored_data", json=rewarded_group(rng, level), timeout=REQUEST_TIMEOUT
+                ).raise_for_status()
             wait_for(lambda step=step: len(steps_done(run_dir)) >= step, 60, f"step {step}")
         assert trainer.wait(120) == 1, trainer.log_tail()
     state = trainer_state(run_dir)
