@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,7 +37,8 @@ class Database:
         self.url = normalize_database_url(url)
         self.engine = _create_engine(self.url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._reads = sessionmaker(_read_engine(self.engine), class_=ReadOnlySession, expire_on_commit=False)
+        self._read_engine = _read_engine(self.engine)
+        self._reads = sessionmaker(self._read_engine, class_=ReadOnlySession, expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -50,6 +51,13 @@ class Database:
         """Reads only: no BEGIN or COMMIT round trips, each statement sees the latest committed data."""
         with self._reads() as session:
             yield session
+
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """Reads in plain SQL (Core statements, rows as tuples): the connection `read()` uses, without the session
+        and its set-up around it. For the hottest reads (a run's record, a page of runs); SELECTs only."""
+        with self._read_engine.connect() as connection:
+            yield connection
 
     def dispose(self) -> None:
         self.engine.dispose()
