@@ -14,14 +14,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Row, Select, and_, bindparam, or_, select
+from sqlalchemy import Connection, Row, Select, and_, bindparam, or_, select, type_coerce
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 
 from service.context import AppContext
 from service.db.models import Run, RunProcess
 from service.db.rows import load_row
-from service.db.types import utcnow
+from service.db.types import utc_value, utcnow
 from service.environments import service as environments
 from service.errors import (
     BackendUnavailable,
@@ -39,7 +40,6 @@ from service.pagination import (
     encode_cursor,
     newest_first_statement,
     page_parameters,
-    split_page,
 )
 from service.runs import admission, lifecycle, metrics, ratelimit
 from service.runs import config as run_config
@@ -97,6 +97,7 @@ SUMMARY_KEYS = (
 )
 RUN_COLUMNS = Run.__table__.c
 SUMMARY_COLUMNS = tuple(RUN_COLUMNS[key] for key in SUMMARY_KEYS)
+SUMMARY_TIMES = ("created_at", "started_at", "ended_at")
 # A run's record (GET /runs/{id}): its row and its processes' (ProcessOut's fields), in one plain statement, a row
 # per process (one, its process columns null, for a run with none). Built once, the run id a bound parameter.
 PROCESS_KEYS = tuple(ProcessOut.model_fields)
@@ -307,21 +308,35 @@ def list_runs(
             rows, next_cursor = _queue_page(connection, query, limit, cursor)
         else:
             statement = _list_statement(tuple(filters), bool(cursor))
-            result = connection.execute(statement, page_parameters(limit, cursor) | filters)
-            rows, next_cursor = split_page(result.all(), limit)
+            rows = connection.execute(statement, page_parameters(limit, cursor) | filters).all()
+            next_cursor = None
+        records = [_summary_record(row) for row in rows[:limit]]
+        if len(rows) > limit:
+            next_cursor = encode_cursor(records[-1]["created_at"], records[-1]["id"])
         # (no query at all when the page has no queued run)
-        positions = admission.queue_positions(connection, [row.id for row in rows if row.status == lifecycle.QUEUED])
+        positions = admission.queue_positions(connection, [r["id"] for r in records if r["status"] == lifecycle.QUEUED])
+    for record in records:
+        record["queue_position"] = positions.get(record["id"])
     # One validation of the whole page, from plain dicts (the fastest input pydantic's core reads); the route's
     # response model then takes this instance as it is and serialises it straight to JSON.
-    records = [dict(zip(SUMMARY_KEYS, row, strict=True), queue_position=positions.get(row.id)) for row in rows]
     return RunList.model_validate({"runs": records, "count": len(records), "next_cursor": next_cursor})
+
+
+def _summary_record(row: Row[Any]) -> dict[str, Any]:
+    record = dict(zip(SUMMARY_KEYS, row, strict=True))
+    for key in SUMMARY_TIMES:
+        record[key] = utc_value(record[key])
+    return record
 
 
 @functools.cache
 def _list_statement(filters: tuple[str, ...], after_cursor: bool) -> Select[Any]:
     """GET /runs' statement for one combination of filters (columns equal to bound values of their names), built
-    once: building and keying a statement on each request cost about as much as running it."""
-    query = select(*SUMMARY_COLUMNS).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
+    once: building and keying a statement on each request cost about as much as running it. It selects the
+    summary's columns without their types, so the driver's values come as they are (the datetimes converted by
+    `_summary_record`, the rest is what pydantic reads anyway)."""
+    untyped = (type_coerce(column, NullType()).label(column.key) for column in SUMMARY_COLUMNS)
+    query = select(*untyped).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
     return newest_first_statement(query, RUN_COLUMNS, after_cursor)
 
 
