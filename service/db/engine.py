@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from service.settings import normalize_database_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+P = ParamSpec("P")
+T = TypeVar("T")
 # Request handlers run in the event loop's worker threads; the service sets their number to REQUEST_THREADS
 # at start-up. Each holds at most one connection at a time, so the pool keeps one for each of them, plus the
 # background threads' (run heartbeats and supervision, job workers): a smaller pool makes every thread beyond
 # it open a connection (and set it up) per request, then close it.
+# On SQLite the event loop's thread is one more (its short reads: Database.short_read).
 REQUEST_THREADS = 40
 BACKGROUND_CONNECTIONS = 10
-POOL_SIZE = REQUEST_THREADS + BACKGROUND_CONNECTIONS
+POOL_SIZE = REQUEST_THREADS + BACKGROUND_CONNECTIONS + 1
 POOL_OVERFLOW = 10  # bursts beyond that (many runs supervised at once) open extra connections
 
 
@@ -36,8 +40,11 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = normalize_database_url(url)
         self.engine = _create_engine(self.url)
+        # SQLite is a file this process reads itself; PostgreSQL a server, a round trip away (or gone).
+        self.in_process = self.engine.dialect.name == "sqlite"
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._reads = sessionmaker(_read_engine(self.engine), class_=ReadOnlySession, expire_on_commit=False)
+        self._read_engine = _read_engine(self.engine)
+        self._reads = sessionmaker(self._read_engine, class_=ReadOnlySession, expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -50,6 +57,24 @@ class Database:
         """Reads only: no BEGIN or COMMIT round trips, each statement sees the latest committed data."""
         with self._reads() as session:
             yield session
+
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """Reads in plain SQL (Core statements, rows as tuples): the connection `read()` uses, without the session
+        and its set-up around it. For the hottest reads (a run's record, a page of runs); SELECTs only."""
+        with self._read_engine.connect() as connection:
+            yield connection
+
+    async def short_read(self, read: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`read(*args, **kwargs)` from an async route: on SQLite here, on the event loop; on PostgreSQL in the
+        thread pool. For reads that are an index walk or two and a small file at most (a run's record, a page of
+        runs), never a write. On SQLite such a read is a few hundred microseconds of this process's own work (a
+        WAL reader waits on no writer), and a worker thread costs more: the driver lets go of the GIL at every
+        row, and under load each row's wait to get it back is longer than the read. A server can be slow or
+        gone, so PostgreSQL's reads never run on the event loop."""
+        if self.in_process:
+            return read(*args, **kwargs)
+        return await run_in_threadpool(read, *args, **kwargs)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -85,7 +85,7 @@ def _total(rows: Sequence[Any]) -> Resources:
     return total
 
 
-def queue_positions(session: Session, run_ids: Sequence[str]) -> dict[str, int]:
+def queue_positions(session: Session | Connection, run_ids: Sequence[str]) -> dict[str, int]:
     """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out).
     One query: the queues of the replicas concerned, in order (a queue is short: it is what one host waits on)."""
     if not run_ids:

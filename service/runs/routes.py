@@ -88,7 +88,7 @@ async def list_runs(
     dataset_id: Annotated[str | None, Query(max_length=128, description="Only runs trained on this dataset.")] = None,
 ) -> RunList:
     """Newest first, `limit` at a time; with `status=queued`, the queue in the order it starts."""
-    return await run_in_threadpool(service.list_runs, ctx, status, environment, limit, cursor, dataset_id)
+    return await ctx.db.short_read(service.list_runs, ctx, status, environment, limit, cursor, dataset_id)
 
 
 @router.get(
@@ -100,7 +100,7 @@ async def list_runs(
 )
 async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
-    return await run_in_threadpool(service.get_run, ctx, run_id)
+    return await ctx.db.short_read(service.get_run, ctx, run_id)
 
 
 @router.get(

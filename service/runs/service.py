@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, and_, or_, select
+from sqlalchemy import Connection, Row, Select, and_, bindparam, or_, select, type_coerce
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 
 from service.context import AppContext
 from service.db.models import Run, RunProcess
 from service.db.rows import load_row
-from service.db.types import utcnow
+from service.db.types import utc_value, utcnow
 from service.environments import service as environments
 from service.errors import (
     BackendUnavailable,
@@ -29,8 +32,15 @@ from service.errors import (
     RunNotFound,
     ValidationFailed,
 )
+from service.names import validate_name
 from service.observability import actor_var
-from service.pagination import DEFAULT_PAGE, decode_cursor, encode_cursor, newest_first_page
+from service.pagination import (
+    DEFAULT_PAGE,
+    decode_cursor,
+    encode_cursor,
+    newest_first_statement,
+    page_parameters,
+)
 from service.runs import admission, lifecycle, metrics, ratelimit
 from service.runs import config as run_config
 from service.runs import datasets as dataset_runs
@@ -87,6 +97,17 @@ SUMMARY_KEYS = (
 )
 RUN_COLUMNS = Run.__table__.c
 SUMMARY_COLUMNS = tuple(RUN_COLUMNS[key] for key in SUMMARY_KEYS)
+SUMMARY_TIMES = ("created_at", "started_at", "ended_at")
+# A run's record (GET /runs/{id}): its row and its processes' (ProcessOut's fields), in one plain statement, a row
+# per process (one, its process columns null, for a run with none). Built once, the run id a bound parameter.
+PROCESS_KEYS = tuple(ProcessOut.model_fields)
+PROCESS_COLUMNS = RunProcess.__table__.c
+_RUN_RECORD = (
+    select(Run.__table__, *(PROCESS_COLUMNS[key].label(f"process_{key}") for key in PROCESS_KEYS))
+    .select_from(Run.__table__.outerjoin(RunProcess.__table__))
+    .where(RUN_COLUMNS.id == bindparam("run_id"))
+    .order_by(PROCESS_COLUMNS.id)
+)
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -254,12 +275,18 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
 
 
 def get_run(ctx: AppContext, run_id: str) -> RunOut:
-    with ctx.db.read() as session:  # the run and its processes in one statement
-        run = load_row(session, Run, run_id, RunNotFound, joinedload(Run.processes))
-        return run_record(ctx, run, _queue_position(session, run))
+    validate_name(run_id, f"{RunNotFound.subject} id")
+    with ctx.db.read_connection() as connection:  # the run and its processes in one statement
+        rows = connection.execute(_RUN_RECORD, {"run_id": run_id}).all()
+        if not rows:
+            raise RunNotFound.for_id(run_id)
+        run = rows[0]
+        queue_position = _queue_position(connection, run)
+    processes = [dict(zip(PROCESS_KEYS, row[-len(PROCESS_KEYS) :], strict=True)) for row in rows if row.process_role]
+    return _run_out(ctx, run, processes, queue_position)
 
 
-def _queue_position(session: Session, run: Run) -> int | None:
+def _queue_position(session: Session | Connection, run: Run | Row[Any]) -> int | None:
     """A queued run's place; no second query for a run in any other state."""
     return admission.queue_positions(session, [run.id]).get(run.id) if run.status == lifecycle.QUEUED else None
 
@@ -272,27 +299,50 @@ def list_runs(
     cursor: str | None = None,
     dataset_id: str | None = None,
 ) -> RunList:
-    query = select(*SUMMARY_COLUMNS)
-    if status:
-        query = query.where(RUN_COLUMNS.status == status)
-    if environment:
-        query = query.where(RUN_COLUMNS.environment == environment)
-    if dataset_id:
-        query = query.where(RUN_COLUMNS.dataset_id == dataset_id)
-    with ctx.db.read() as session:
+    given = (("status", status), ("environment", environment), ("dataset_id", dataset_id))
+    filters = {name: value for name, value in given if value}
+    rows: Sequence[Row[Any]]
+    with ctx.db.read_connection() as connection:
         if status == lifecycle.QUEUED:
-            rows, next_cursor = _queue_page(session, query, limit, cursor)
+            query = select(*SUMMARY_COLUMNS).where(*(RUN_COLUMNS[name] == value for name, value in filters.items()))
+            rows, next_cursor = _queue_page(connection, query, limit, cursor)
         else:
-            rows, next_cursor = newest_first_page(session, query, RUN_COLUMNS, limit, cursor, _same_row)
+            statement = _list_statement(tuple(filters), bool(cursor))
+            rows = connection.execute(statement, page_parameters(limit, cursor) | filters).all()
+            next_cursor = None
+        records = [_summary_record(row) for row in rows[:limit]]
+        if len(rows) > limit:
+            next_cursor = encode_cursor(records[-1]["created_at"], records[-1]["id"])
         # (no query at all when the page has no queued run)
-        positions = admission.queue_positions(session, [row.id for row in rows if row.status == lifecycle.QUEUED])
+        positions = admission.queue_positions(connection, [r["id"] for r in records if r["status"] == lifecycle.QUEUED])
+    for record in records:
+        record["queue_position"] = positions.get(record["id"])
     # One validation of the whole page, from plain dicts (the fastest input pydantic's core reads); the route's
     # response model then takes this instance as it is and serialises it straight to JSON.
-    records = [{**dict(zip(SUMMARY_KEYS, row, strict=True)), "queue_position": positions.get(row.id)} for row in rows]
     return RunList.model_validate({"runs": records, "count": len(records), "next_cursor": next_cursor})
 
 
-def _queue_page(session: Session, query: Any, limit: int, cursor: str | None) -> tuple[list[Row[Any]], str | None]:
+def _summary_record(row: Row[Any]) -> dict[str, Any]:
+    record = dict(zip(SUMMARY_KEYS, row, strict=True))
+    for key in SUMMARY_TIMES:
+        record[key] = utc_value(record[key])
+    return record
+
+
+@functools.cache
+def _list_statement(filters: tuple[str, ...], after_cursor: bool) -> Select[Any]:
+    """GET /runs' statement for one combination of filters (columns equal to bound values of their names), built
+    once: building and keying a statement on each request cost about as much as running it. It selects the
+    summary's columns without their types, so the driver's values come as they are (the datetimes converted by
+    `_summary_record`, the rest is what pydantic reads anyway)."""
+    untyped = (type_coerce(column, NullType()).label(column.key) for column in SUMMARY_COLUMNS)
+    query = select(*untyped).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
+    return newest_first_statement(query, RUN_COLUMNS, after_cursor)
+
+
+def _queue_page(
+    session: Session | Connection, query: Any, limit: int, cursor: str | None
+) -> tuple[list[Row[Any]], str | None]:
     """`GET /runs?status=queued`: the queue in the order it is admitted (priority, then first come), a page at a
     time; the cursor names the last run of the page before (its priority is read back from its row)."""
     if cursor:
@@ -313,11 +363,7 @@ def _queue_page(session: Session, query: Any, limit: int, cursor: str | None) ->
     return page, next_cursor
 
 
-def _same_row(row: Row[Any]) -> Row[Any]:
-    return row
-
-
-def _summary_fields(run: Run) -> dict[str, Any]:
+def _summary_fields(run: Run | Row[Any]) -> dict[str, Any]:
     return {
         "id": run.id,
         "environment": run.environment,
@@ -336,12 +382,23 @@ def _summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
-def run_warnings(run: Run, state: dict[str, Any] | None) -> list[dict[str, Any]]:
+def run_warnings(run: Run | Row[Any], state: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The control plane's warnings (W&B offline), then the trainer's (parameters the server ignores, ...)."""
     return [*(run.warnings or []), *((state or {}).get("warnings") or [])]
 
 
 def run_record(ctx: AppContext, run: Run, queue_position: int | None = None) -> RunOut:
+    processes = [ProcessOut.model_validate(p, from_attributes=True) for p in run.processes]
+    return _run_out(ctx, run, processes, queue_position)
+
+
+def _run_out(
+    ctx: AppContext,
+    run: Run | Row[Any],
+    processes: list[ProcessOut] | list[dict[str, Any]],
+    queue_position: int | None,
+) -> RunOut:
+    """A run's record from its row (an ORM object, or a plain row of its table's columns) and its processes."""
     paths = RunPaths(ctx.settings.data_path, run.id)
     state = paths.read_trainer_state() or {}
     return RunOut(
@@ -365,7 +422,7 @@ def run_record(ctx: AppContext, run: Run, queue_position: int | None = None) -> 
         ports=run.ports,
         updated_at=run.updated_at,
         logs=paths.logs(),
-        processes=[ProcessOut.model_validate(p, from_attributes=True) for p in run.processes],
+        processes=processes,
     )
 
 
