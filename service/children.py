@@ -22,12 +22,8 @@ from pathlib import Path
 from typing import IO
 
 from service.settings import SECRET_ENV_NAMES
-from supervisor.forkserver import EXIT_RECORD_WAIT_S, ForkServer, LaunchRequest, read_exit, runnable
+from supervisor.forkserver import EXIT_RECORD_WAIT_S, RUN_PRELOAD, ForkServer, LaunchRequest, read_exit, runnable
 from supervisor.process import START_TIME_TOLERANCE_S, status_from_wait
-
-# What the fork server imports once for every process forked from it: the trainer's and the environments' heavy
-# imports, and the Atropos API.
-FORK_PRELOAD = ("torch", "transformers", "peft", "atroposlib.envs.base", "atroposlib.api")
 
 _fork_server: ForkServer | None = None
 _fork_server_lock = threading.Lock()
@@ -38,7 +34,7 @@ def process_fork_server() -> ForkServer:
     global _fork_server
     with _fork_server_lock:
         if _fork_server is None:
-            _fork_server = ForkServer(FORK_PRELOAD, service_child_environment())
+            _fork_server = ForkServer(RUN_PRELOAD, service_child_environment())
         return _fork_server
 
 

@@ -57,6 +57,12 @@ EXIT_RECORD_WAIT_S = 30.0
 # After a server that did not start (it hung or died importing), requests spawn their processes themselves for
 # this long before a new server is tried: each would otherwise wait out the start-up time-out again.
 RETRY_AFTER_FAILED_START_S = 60.0
+# What a server imports once for the processes of runs forked from it: the trainer's and the environments' heavy
+# imports, and the Atropos API (the service's server also forks its own children: service/children.py).
+RUN_PRELOAD = ("torch", "transformers", "peft", "atroposlib.envs.base", "atroposlib.api")
+# The server's command-line flag: it and every process it forks die with the server's parent (see below).
+DIE_WITH_PARENT_FLAG = "--die-with-parent"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # How often a launch waiting for another thread's start of the server asks whether to give up.
 GIVE_UP_POLL_S = 0.1
 
@@ -132,8 +138,18 @@ class ForkServer:
     the next request starts a new server.
     """
 
-    def __init__(self, preload: Sequence[str], env: Mapping[str, str], ready_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        preload: Sequence[str],
+        env: Mapping[str, str],
+        ready_timeout_s: float = 300.0,
+        die_with_parent: bool = False,
+    ) -> None:
+        """`die_with_parent`: the server is killed by the kernel when the thread that starts it ends (its parent's
+        death, even by SIGKILL), and so is every process it forks when the server dies: what a node-side supervisor
+        on Ray needs of its runs' processes (supervisor/node.py). Start it from a thread that lives as long."""
         self.preload = tuple(preload)
+        self.dies_with_parent = die_with_parent
         self._env = dict(env)  # the server's own, read by the modules it imports
         self._ready_timeout_s = ready_timeout_s
         self._lock = threading.Lock()
@@ -196,8 +212,11 @@ class ForkServer:
     def _start_server(self) -> bool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            flags = [DIE_WITH_PARENT_FLAG] if self.dies_with_parent else []
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()), COMMAND_ROOM, *self.preload],
+                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()), COMMAND_ROOM, *flags]
+                + list(self.preload),
+                preexec_fn=die_with_parent if self.dies_with_parent else None,  # prctl only: safe before exec
                 pass_fds=(theirs.fileno(),),
                 env=self._env,
                 cwd=str(Path(__file__).resolve().parent.parent),
@@ -238,7 +257,7 @@ class ForkServer:
 # --- the server ---
 
 
-def serve(sock: socket.socket, preload: Sequence[str]) -> None:
+def serve(sock: socket.socket, preload: Sequence[str], forks_die_with_server: bool = False) -> None:
     for module in preload:
         with contextlib.suppress(Exception):  # a module that does not import here is imported by the fork itself
             importlib.import_module(module)
@@ -264,7 +283,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
                     selector.unregister(sock)
                     continue
                 server_fds = (sock.fileno(), wakeup_read, wakeup_write)
-                answer = _fork(LaunchRequest.decode(message), stdio, children, server_fds)
+                answer = _fork(LaunchRequest.decode(message), stdio, children, server_fds, forks_die_with_server)
                 for fd in stdio:
                     os.close(fd)
                 with contextlib.suppress(OSError):
@@ -280,14 +299,20 @@ def _fork(
     stdio: Sequence[int],
     children: dict[int, tuple[Path, float]],
     server_fds: tuple[int, ...],
+    die_with_server: bool,
 ) -> dict[str, object]:
     for stream in (sys.stdout, sys.stderr):  # nothing of ours may be flushed into the child's log
         stream.flush()
+    server_pid = os.getpid()
     try:
         pid = os.fork()
     except OSError as error:
         return {"error": f"fork failed: {error}"}
     if pid == 0:  # the child: never returns
+        if die_with_server:
+            die_with_parent()
+            if os.getppid() != server_pid:  # the server died before the kernel was told: as if it had after
+                os._exit(1)
         _become(request, stdio, server_fds)
     try:
         start_time = psutil.Process(pid).create_time()
@@ -473,13 +498,22 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+def die_with_parent() -> None:
+    """SIGKILL from the kernel when the thread that started this process ends (its parent's death, even by SIGKILL).
+    Safe between fork and exec: one system call."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m supervisor.forkserver FD ROOM MODULE...`: serve on the inherited socket FD after importing the
-    MODULEs (ROOM: COMMAND_ROOM)."""
+    """`python -m supervisor.forkserver FD ROOM [--die-with-parent] MODULE...`: serve on the inherited socket FD
+    after importing the MODULEs (ROOM: COMMAND_ROOM)."""
     args = argv if argv is not None else sys.argv[1:]
     sock = socket.socket(fileno=int(args[0]))
+    preload = args[2:]
+    forks_die_with_server = bool(preload) and preload[0] == DIE_WITH_PARENT_FLAG
     try:
-        serve(sock, args[2:])
+        serve(sock, preload[1:] if forks_die_with_server else preload, forks_die_with_server)
     except OSError as error:
         if error.errno != errno.EPIPE:
             raise

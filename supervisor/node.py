@@ -14,8 +14,9 @@ Ray starts it as the entrypoint of the run's job, on the node where the run's re
 
 SIGTERM to the job (Ray's stop_job) or a stop asked in a report's answer stops the three processes in reverse order
 (`_detach` says why the supervisor runs outside Ray's process tree for that). The three processes die with the
-supervisor (PR_SET_PDEATHSIG), and the supervisor stops them when Ray's side of the job dies, so a node whose Ray
-processes are killed leaves no orphan.
+supervisor (PR_SET_PDEATHSIG; forked from the run's fork server, which dies with the supervisor, they die with it),
+and the supervisor stops them when Ray's side of the job dies, so a node whose Ray processes are killed leaves no
+orphan.
 Nothing here imports the service: the plan is plain data.
 """
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.forkserver import RUN_PRELOAD, ForkServer
 from supervisor.process import VISIBLE_DEVICES, ExitStatus, ProcessSpec, SupervisedProcess
 from supervisor.readiness import atropos_env_registered, http_answers
 from supervisor.run import LOG_TAIL_LINES, Failure, Outcome, RunPlan, RunSupervisor, read_tail
@@ -154,6 +156,15 @@ def process_specs(layout: NodeLayout, plan: dict[str, Any]) -> list[ProcessSpec]
             )
         )
     return specs
+
+
+def run_fork_server(plan: dict[str, Any]) -> ForkServer:
+    """This run's fork server (docs/RUNS.md#the-fork-server): its three processes are forked from one import of
+    torch, transformers and atroposlib. It dies with this supervisor and they die with it, as processes started
+    with PR_SET_PDEATHSIG would; it is started by the first spawn, on the supervision thread that lives as long as
+    the run. Its own environment holds the run's GPU assignment, as each process's does."""
+    env = {**_node_environment(), **assigned_gpus(int(plan.get("gpus") or 0), os.environ)}
+    return ForkServer(RUN_PRELOAD, env, die_with_parent=True)
 
 
 def _node_environment() -> dict[str, str]:
@@ -469,13 +480,16 @@ def _supervise(from_shim: int) -> int:
         events.lost = True
         request_stop()
 
-    supervisor = RunSupervisor(build_plan(run_id, plan, layout, events), events)
+    fork_server = run_fork_server(plan) if plan["supervision"].get("fork_server") else None
+    supervisor = RunSupervisor(build_plan(run_id, plan, layout, events), events, fork_server)
     supervisor_ref.append(supervisor)
     reporter.start()
     supervisor.start()
     threading.Thread(target=_watch_shim, args=(from_shim, request_stop, lost, events.done), daemon=True).start()
     events.done.wait()
     supervisor.join(60)
+    if fork_server is not None:
+        fork_server.close()  # it exits once the processes it forked have
     delivered = reporter.close(FINISH_DEADLINE_S)
     outcome = events.outcome
     logger.info(

@@ -7,7 +7,6 @@ matches): a pid reused by an unrelated process is never touched.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -21,10 +20,17 @@ from typing import IO
 
 import psutil
 
-from supervisor.forkserver import EXIT_RECORD_WAIT_S, ForkServer, LaunchRequest, exit_path, read_exit, runnable
+from supervisor.forkserver import (
+    EXIT_RECORD_WAIT_S,
+    ForkServer,
+    LaunchRequest,
+    die_with_parent,
+    exit_path,
+    read_exit,
+    runnable,
+)
 
 START_TIME_TOLERANCE_S = 0.05
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The variable that says which GPUs a process sees: set in a spec's env by the executors (local.py, node.py).
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
@@ -145,7 +151,9 @@ class SupervisedProcess:
     def _fork(
         cls, spec: ProcessSpec, fork_server: ForkServer | None, log: bool, stdio: tuple[int, ...]
     ) -> SupervisedProcess | None:
-        if fork_server is None or spec.die_with_parent or not runnable(spec.argv, sys.executable):
+        if fork_server is None or not runnable(spec.argv, sys.executable):
+            return None
+        if spec.die_with_parent and not fork_server.dies_with_parent:  # the service's server outlives its service
             return None
         log_path = str(spec.log_path) if log else None
         request = LaunchRequest(spec.argv, spec.env, str(spec.cwd), log_path, str(exit_path(spec.log_path)))
@@ -165,7 +173,7 @@ class SupervisedProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own session and process group: signals reach the whole tree
             close_fds=True,
-            preexec_fn=_die_with_parent if spec.die_with_parent else None,  # prctl only: safe before exec
+            preexec_fn=die_with_parent if spec.die_with_parent else None,  # prctl only: safe before exec
         )
         try:
             start_time = psutil.Process(popen.pid).create_time()
@@ -260,12 +268,6 @@ def _pid_reused(identity: ProcessIdentity) -> bool:
         return abs(psutil.Process(identity.pid).create_time() - identity.start_time) > START_TIME_TOLERANCE_S
     except (psutil.Error, OSError):  # gone (then not reused), or not ours to look at
         return False
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the thread that spawned it ends (its parent's death)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _zombie(pid: int) -> bool:

@@ -144,6 +144,7 @@ def build_plan(
             stall_after_s=settings.stall_after_s,
             drain_timeout_s=settings.drain_timeout_s,
             report_interval_s=settings.ray_report_interval_s,
+            fork_server=settings.fork_server,
         ),
         gpus=gpus,
     )

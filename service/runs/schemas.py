@@ -311,6 +311,7 @@ class NodeSupervision(BaseModel):
     stall_after_s: float | None
     drain_timeout_s: float
     report_interval_s: float
+    fork_server: bool = False  # the run's processes are forked from a fork server of its own (RLCTL_FORK_SERVER)
 
 
 class NodePlan(BaseModel):

@@ -3,6 +3,7 @@ exit is recorded where the supervisor reads it (also after a restart), and the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -212,6 +213,48 @@ def test_a_child_spoken_to_over_pipes_is_forked_and_ended_by_its_close(tmp_path:
     children.close()
     with pytest.raises(ChildProcessError):
         children.open([sys.executable, str(script)], env=dict(os.environ), cwd=tmp_path)
+
+
+# A node-side supervisor in miniature: a server that dies with this process, and a process forked from it that must
+# die with its supervisor (supervisor/node.py).
+DYING_PARENT = """
+import os, sys
+from pathlib import Path
+from supervisor.forkserver import ForkServer
+from supervisor.process import ProcessSpec, SupervisedProcess
+server = ForkServer(["json"], dict(os.environ), die_with_parent=True)
+tmp = Path(sys.argv[1])
+spec = ProcessSpec(role="sleeper", argv=[sys.executable, str(tmp / "sleeper.py")], env=dict(os.environ), cwd=tmp,
+                   log_path=tmp / "sleeper.log", die_with_parent=True)
+process = SupervisedProcess.spawn(spec, server)
+print(server.pid, process.identity.pid, int(process._forked), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_server_started_to_die_with_its_parent_takes_its_forks_with_it(tmp_path: Path) -> None:
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(600)\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", DYING_PARENT, str(tmp_path)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout is not None
+        server_pid, sleeper_pid, forked = (int(word) for word in parent.stdout.readline().split())
+        assert forked == 1, "a process that must die with its parent is forked from a server that does"
+        assert psutil.Process(sleeper_pid).ppid() == server_pid
+        os.kill(parent.pid, signal.SIGKILL)  # no chance to stop anything: the kernel alone ends the chain
+        parent.wait(timeout=scaled(30))
+        wait_until(lambda: not process_alive(server_pid), timeout=30, message="the server dying with its parent")
+        wait_until(lambda: not process_alive(sleeper_pid), timeout=30, message="the fork dying with the server")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=scaled(30))
 
 
 def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
