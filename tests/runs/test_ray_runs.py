@@ -182,7 +182,9 @@ def gpu_run_stopped_during_start_up(
     client.post(f"/runs/{beside['id']}/stop", params={"wait_s": scaled(120)})
 
     starting = trainer_started(client, gpu_run["id"])
-    assert visible_devices(pid_of(starting, "trainer") or 0) == "0", "the trainer does not see Ray's GPU"
+    trainer = pid_of(starting, "trainer") or 0
+    assert visible_devices(trainer) == "0", "the trainer does not see Ray's GPU"
+    assert "supervisor.forkserver" in psutil.Process(trainer).parent().cmdline(), "forked from the run's fork server"
     stopped_during_start_up(client, jobs, gpu_run["id"])
     wait_for_status(client, beside["id"], {"stopped"}, timeout=60)
     # Placed once the others freed the nodes, the cancelled job ends at once: its node gets no plan.
