@@ -91,7 +91,7 @@ def identity_liveness(identity: ProcessIdentity) -> Liveness:
     """Is the process that was started still there? A reused pid counts as dead; no permission is unknown."""
     try:
         process = psutil.Process(identity.pid)
-        if abs(process.create_time() - identity.start_time) > START_TIME_TOLERANCE_S:
+        if _started_otherwise(process, identity):
             return Liveness.DEAD
         if process.status() == psutil.STATUS_ZOMBIE:
             return Liveness.DEAD
@@ -265,9 +265,14 @@ class SupervisedProcess:
 def _pid_reused(identity: ProcessIdentity) -> bool:
     """The leader's pid belongs to a process started at another time (our leader, even a zombie, is not reused)."""
     try:
-        return abs(psutil.Process(identity.pid).create_time() - identity.start_time) > START_TIME_TOLERANCE_S
+        return _started_otherwise(psutil.Process(identity.pid), identity)
     except (psutil.Error, OSError):  # gone (then not reused), or not ours to look at
         return False
+
+
+def _started_otherwise(process: psutil.Process, identity: ProcessIdentity) -> bool:
+    """Is `process` (at identity's pid) another one than the process identity names? Its start time says."""
+    return abs(process.create_time() - identity.start_time) > START_TIME_TOLERANCE_S
 
 
 def _zombie(pid: int) -> bool:
