@@ -63,18 +63,19 @@ class ChildRunner:
             completed = self._run_forked(self.fork_server, argv, env, cwd, timeout_s)
             if completed is not None:
                 return completed
-        with self._lock:
+        self._refuse_when_closed()
+        process = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        if not self._track(process.pid):
+            process.communicate()  # killed by _track: reaped here
             self._refuse_when_closed()
-            process = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            self._running.add(process.pid)
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -148,6 +149,8 @@ class ChildRunner:
                 )
                 started = (popen.pid, 0.0, popen)
             if not self._track(started[0]):
+                if started[2] is not None:
+                    started[2].wait()  # killed by _track: reaped here
                 self._refuse_when_closed()
         except BaseException:
             for fd in (in_write, out_read):
