@@ -85,6 +85,7 @@ def create_app(
         await run_in_threadpool(context.runs.open)
         await run_in_threadpool(open_datasets, context)  # before jobs resume: leftovers of a crash go first
         await run_in_threadpool(context.jobs.open)
+        await context.db.open_loop_reads()
         try:
             async with mcp_endpoint.running():
                 yield
@@ -93,6 +94,7 @@ def create_app(
             await run_in_threadpool(context.jobs.close)
             await run_in_threadpool(context.runs.close)
             await run_in_threadpool(context.stop_children)
+            await context.db.close_loop_reads()
             context.db.dispose()
             context.release_data_dir()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import overload
 
 from sqlalchemy import DateTime
 from sqlalchemy.types import TypeDecorator
@@ -27,6 +28,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+@overload
+def utc_value(value: datetime | str) -> datetime: ...
+@overload
+def utc_value(value: None) -> None: ...
 def utc_value(value: datetime | str | None) -> datetime | None:
     """What a UTCDateTime column reads as, from the driver's own value: SQLite's text (SQLAlchemy writes
     `YYYY-MM-DD HH:MM:SS.ffffff`, in UTC) or PostgreSQL's datetime. For statements that select a column without its

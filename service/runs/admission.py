@@ -20,6 +20,7 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.db.engine import Read, ReadPlan, run_plan_on
 from service.db.models import Run, RunAdmission
 from service.db.rows import changed_rows
 from service.runs import lifecycle
@@ -86,12 +87,17 @@ def _total(rows: Sequence[Any]) -> Resources:
 
 
 def queue_positions(session: Session | Connection, run_ids: Sequence[str]) -> dict[str, int]:
-    """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out).
-    One query: the queues of the replicas concerned, in order (a queue is short: it is what one host waits on)."""
+    """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out)."""
+    return run_plan_on(session, queue_positions_plan(run_ids))
+
+
+def queue_positions_plan(run_ids: Sequence[str]) -> ReadPlan[dict[str, int]]:
+    """`queue_positions` as a read plan. One query (none for no run): the queues of the replicas concerned, in
+    order (a queue is short: it is what one host waits on)."""
     if not run_ids:
         return {}
     owners = select(Run.owner_id).where(Run.id.in_(run_ids), Run.status == lifecycle.QUEUED).distinct()
-    queued = session.execute(
+    queued = yield Read(
         select(Run.id, Run.owner_id)
         .where(Run.status == lifecycle.QUEUED, Run.owner_id.in_(owners))
         .order_by(*QUEUE_ORDER)
@@ -99,8 +105,8 @@ def queue_positions(session: Session | Connection, run_ids: Sequence[str]) -> di
     wanted = set(run_ids)
     places: dict[str | None, int] = {}  # per replica: queued runs counted so far
     positions: dict[str, int] = {}
-    for run_id, owner_id in queued:
-        places[owner_id] = places.get(owner_id, 0) + 1
-        if run_id in wanted:
-            positions[run_id] = places[owner_id]
+    for row in queued:
+        places[row.owner_id] = places.get(row.owner_id, 0) + 1
+        if row.id in wanted:
+            positions[row.id] = places[row.owner_id]
     return positions

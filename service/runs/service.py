@@ -14,15 +14,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Row, Select, and_, bindparam, or_, select, type_coerce
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Connection,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    func,
+    null,
+    or_,
+    select,
+    type_coerce,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
 from service.context import AppContext
+from service.db.engine import Read, ReadPlan
+from service.db.json_sql import iso_utc, json_bool, json_object
 from service.db.models import Run, RunProcess
 from service.db.rows import load_row
-from service.db.types import utc_value, utcnow
+from service.db.types import UTCDateTime, utc_value, utcnow
 from service.environments import service as environments
 from service.errors import (
     BackendUnavailable,
@@ -76,28 +91,7 @@ LIVE_STATUS = {
     Liveness.DEAD: ProcessStatus.EXITED,
     Liveness.UNKNOWN: ProcessStatus.UNKNOWN,
 }
-# What a listing returns, and so all it loads: never the config (kilobytes of JSON per run); its total_steps is
-# the column copied from the config at insert. Table columns, not the ORM's attributes: a listing's statement then
-# runs as plain SQL, without the ORM's per-statement set-up (most of a page's time before).
-SUMMARY_KEYS = (
-    "id",
-    "environment",
-    "dataset_id",
-    "dataset_mode",
-    "backend",
-    "status",
-    "priority",
-    "last_step",
-    "total_steps",
-    "stalled",
-    "wandb_run_name",
-    "created_at",
-    "started_at",
-    "ended_at",
-)
 RUN_COLUMNS = Run.__table__.c
-SUMMARY_COLUMNS = tuple(RUN_COLUMNS[key] for key in SUMMARY_KEYS)
-SUMMARY_TIMES = ("created_at", "started_at", "ended_at")
 # A run's record (GET /runs/{id}): its row and its processes' (ProcessOut's fields), in one plain statement, a row
 # per process (one, its process columns null, for a run with none). Built once, the run id a bound parameter.
 PROCESS_KEYS = tuple(ProcessOut.model_fields)
@@ -275,15 +269,19 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
 
 
 def get_run(ctx: AppContext, run_id: str) -> RunOut:
+    return ctx.db.run_plan(run_record_plan(ctx, run_id))
+
+
+def run_record_plan(ctx: AppContext, run_id: str) -> ReadPlan[RunOut]:
+    """GET /runs/{id}: the run and its processes in one statement, its queue place in a second when queued."""
     validate_name(run_id, f"{RunNotFound.subject} id")
-    with ctx.db.read_connection() as connection:  # the run and its processes in one statement
-        rows = connection.execute(_RUN_RECORD, {"run_id": run_id}).all()
-        if not rows:
-            raise RunNotFound.for_id(run_id)
-        run = rows[0]
-        queue_position = _queue_position(connection, run)
+    rows = yield Read(_RUN_RECORD, {"run_id": run_id})
+    if not rows:
+        raise RunNotFound.for_id(run_id)
+    run = rows[0]
+    positions = yield from admission.queue_positions_plan([run.id] if run.status == lifecycle.QUEUED else [])
     processes = [dict(zip(PROCESS_KEYS, row[-len(PROCESS_KEYS) :], strict=True)) for row in rows if row.process_role]
-    return _run_out(ctx, run, processes, queue_position)
+    return _run_out(ctx, run, processes, positions.get(run.id))
 
 
 def _queue_position(session: Session | Connection, run: Run | Row[Any]) -> int | None:
@@ -299,55 +297,83 @@ def list_runs(
     cursor: str | None = None,
     dataset_id: str | None = None,
 ) -> RunList:
+    """A page of runs (for the agent tools): the JSON page the route sends, read back into its model."""
+    page = ctx.db.run_plan(list_runs_plan(status, environment, limit, cursor, dataset_id))
+    return RunList.model_validate_json(page)
+
+
+def list_runs_plan(
+    status: RunStatus | None = None,
+    environment: str | None = None,
+    limit: int = DEFAULT_PAGE,
+    cursor: str | None = None,
+    dataset_id: str | None = None,
+) -> ReadPlan[bytes]:
+    """GET /runs' body: a RunList as JSON, each run's object written by the database (`_summary_json_columns`).
+    Newest first, or with `status=queued` the queue in the order it is admitted."""
     given = (("status", status), ("environment", environment), ("dataset_id", dataset_id))
     filters = {name: value for name, value in given if value}
-    rows: Sequence[Row[Any]]
-    with ctx.db.read_connection() as connection:
-        if status == lifecycle.QUEUED:
-            query = select(*SUMMARY_COLUMNS).where(*(RUN_COLUMNS[name] == value for name, value in filters.items()))
-            rows, next_cursor = _queue_page(connection, query, limit, cursor)
-        else:
-            statement = _list_statement(tuple(filters), bool(cursor))
-            rows = connection.execute(statement, page_parameters(limit, cursor) | filters).all()
-            next_cursor = None
-        records = [_summary_record(row) for row in rows[:limit]]
-        if len(rows) > limit:
-            next_cursor = encode_cursor(records[-1]["created_at"], records[-1]["id"])
-        # (no query at all when the page has no queued run)
-        positions = admission.queue_positions(connection, [r["id"] for r in records if r["status"] == lifecycle.QUEUED])
-    for record in records:
-        record["queue_position"] = positions.get(record["id"])
-    # One validation of the whole page, from plain dicts (the fastest input pydantic's core reads); the route's
-    # response model then takes this instance as it is and serialises it straight to JSON.
-    return RunList.model_validate({"runs": records, "count": len(records), "next_cursor": next_cursor})
+    if status == lifecycle.QUEUED:
+        rows = yield from _queue_rows_plan(filters, limit, cursor)
+    else:
+        statement = _list_statement(tuple(filters), bool(cursor))
+        rows = yield Read(statement, page_parameters(limit, cursor) | filters)
+    page = rows[:limit]
+    # (no query at all when the page has no queued run)
+    positions = yield from admission.queue_positions_plan([row.id for row in page if row.status == lifecycle.QUEUED])
+    last = page[-1] if len(rows) > limit else None
+    next_cursor = None if last is None else encode_cursor(utc_value(last.created_at), last.id)
+    summaries = ",".join(_placed(row.summary, positions.get(row.id)) for row in page)
+    return f'{{"runs":[{summaries}],"count":{len(page)},"next_cursor":{json.dumps(next_cursor)}}}'.encode()
 
 
-def _summary_record(row: Row[Any]) -> dict[str, Any]:
-    record = dict(zip(SUMMARY_KEYS, row, strict=True))
-    for key in SUMMARY_TIMES:
-        record[key] = utc_value(record[key])
-    return record
+def _placed(summary: str, queue_position: int | None) -> str:
+    """A run's summary, with its place in the queue when it is queued (the database writes null there)."""
+    if queue_position is None:
+        return summary
+    return json.dumps(json.loads(summary) | {"queue_position": queue_position}, separators=(",", ":"))
+
+
+def _summary_json_columns() -> tuple[Any, ...]:
+    """A listing's columns: the run's summary as RunSummary's JSON, written by the database from the summary's
+    columns alone (never the config: kilobytes of JSON per run; total_steps is the column copied from it at
+    insert), then the raw values the page needs itself (its cursor, the queued runs' places), selected without
+    their types so that the driver's values come as they are."""
+    fields = {key: _summary_value(key) for key in RunSummary.model_fields}
+    raw = (type_coerce(RUN_COLUMNS[key], NullType()).label(key) for key in ("created_at", "id", "status"))
+    return (json_object(fields).label("summary"), *raw)
+
+
+def _summary_value(key: str) -> ColumnElement[Any]:
+    """One RunSummary field in the database's JSON, as the model writes it."""
+    if key == "queue_position":
+        return null()  # list_runs_json places the queued runs
+    column = RUN_COLUMNS[key]
+    if isinstance(column.type, UTCDateTime):
+        return iso_utc(column)
+    if isinstance(column.type, Boolean):
+        return json_bool(column)
+    if key == "priority":
+        return func.coalesce(column, 0)  # rows from before the column had a default
+    return column
 
 
 @functools.cache
 def _list_statement(filters: tuple[str, ...], after_cursor: bool) -> Select[Any]:
     """GET /runs' statement for one combination of filters (columns equal to bound values of their names), built
-    once: building and keying a statement on each request cost about as much as running it. It selects the
-    summary's columns without their types, so the driver's values come as they are (the datetimes converted by
-    `_summary_record`, the rest is what pydantic reads anyway)."""
-    untyped = (type_coerce(column, NullType()).label(column.key) for column in SUMMARY_COLUMNS)
-    query = select(*untyped).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
+    once: building and keying a statement on each request cost about as much as running it."""
+    query = select(*_summary_json_columns()).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
     return newest_first_statement(query, RUN_COLUMNS, after_cursor)
 
 
-def _queue_page(
-    session: Session | Connection, query: Any, limit: int, cursor: str | None
-) -> tuple[list[Row[Any]], str | None]:
+def _queue_rows_plan(filters: dict[str, Any], limit: int, cursor: str | None) -> ReadPlan[Sequence[Row[Any]]]:
     """`GET /runs?status=queued`: the queue in the order it is admitted (priority, then first come), a page at a
-    time; the cursor names the last run of the page before (its priority is read back from its row)."""
+    time (and one row more); the cursor names the last run of the page before (its priority is read back)."""
+    query = select(*_summary_json_columns()).where(*(RUN_COLUMNS[name] == value for name, value in filters.items()))
     if cursor:
         created_at, last_id = decode_cursor(cursor)
-        priority = session.scalar(select(Run.priority).where(Run.id == last_id)) or 0
+        last = yield Read(select(Run.priority).where(Run.id == last_id))
+        priority = (last[0].priority if last else 0) or 0
         query = query.where(
             or_(
                 Run.priority < priority,
@@ -357,10 +383,7 @@ def _queue_page(
                 ),
             )
         )
-    rows = list(session.execute(query.order_by(*admission.QUEUE_ORDER).limit(limit + 1)))
-    page = rows[:limit]
-    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
-    return page, next_cursor
+    return (yield Read(query.order_by(*admission.QUEUE_ORDER).limit(limit + 1)))
 
 
 def _summary_fields(run: Run | Row[Any]) -> dict[str, Any]:

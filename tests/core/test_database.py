@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import inspect, select, text
+from sqlalchemy import Integer, String, bindparam, func, inspect, literal, select, text
 from sqlalchemy.exc import IntegrityError
 
 from service.db import migrate
-from service.db.engine import Database
+from service.db.engine import Database, Read, ReadPlan
 from service.db.models import Run, RunProcess
 from service.settings import Settings
 from tests.support.databases import database_kinds, fresh_database
@@ -104,3 +107,85 @@ def test_migrations_and_models_agree(db: Database) -> None:
     migrate.upgrade(db)
     with db.engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+
+
+def _counting_plan(threads: list[int]) -> ReadPlan[list[int]]:
+    """Two statements, the second bound to the first's answer; notes the thread each step runs on."""
+    threads.append(threading.get_ident())
+    first = yield Read(select(literal(20).label("n")))
+    threads.append(threading.get_ident())
+    second = yield Read(select((bindparam("n", type_=Integer) + 1).label("n")), {"n": first[0].n})
+    threads.append(threading.get_ident())
+    return [first[0].n, second[0].n]
+
+
+def _on_the_loop(db: Database, plan: Callable[..., ReadPlan[Any]], *args: Any) -> Any:
+    async def read() -> Any:
+        await db.open_loop_reads()
+        try:
+            return await db.loop_read(plan, *args), threading.get_ident()
+        finally:
+            await db.close_loop_reads()
+
+    return asyncio.run(read())
+
+
+def test_a_read_plan_gives_the_same_in_a_thread_and_on_the_event_loop(db: Database) -> None:
+    in_thread: list[int] = []
+    assert db.run_plan(_counting_plan(in_thread)) == [20, 21]
+    on_loop: list[int] = []
+    result, loop_thread = _on_the_loop(db, _counting_plan, on_loop)
+    assert result == [20, 21]
+    assert on_loop == [loop_thread] * 3  # no step went to a worker thread, on either engine
+
+
+@pytest.mark.skipif("postgresql" not in database_kinds(), reason="PostgreSQL is not configured")
+def test_a_slow_postgresql_read_does_not_hold_up_the_event_loop(tmp_path: Path) -> None:
+    def sleeping_plan() -> ReadPlan[str]:
+        rows = yield Read(select(func.pg_sleep(0.3).cast(String).label("slept")))
+        return rows[0].slept
+
+    async def scenario(db: Database) -> tuple[bool, str]:
+        await db.open_loop_reads()
+        try:
+            read = asyncio.create_task(db.loop_read(sleeping_plan))
+            await asyncio.sleep(0)  # the read begins, and gives the loop back while the server works
+            loop_was_free = not read.done()
+            return loop_was_free, await read
+        finally:
+            await db.close_loop_reads()
+
+    with fresh_database("postgresql", tmp_path) as url:
+        db = Database(url)
+        try:
+            assert asyncio.run(scenario(db)) == (True, "")
+        finally:
+            db.dispose()
+
+
+@pytest.mark.skipif("postgresql" not in database_kinds(), reason="PostgreSQL is not configured")
+def test_a_postgresql_read_outlives_the_server_dropping_its_connection(tmp_path: Path) -> None:
+    def server_pid_plan() -> ReadPlan[int]:
+        rows = yield Read(select(func.pg_backend_pid().label("pid")))
+        return rows[0].pid
+
+    async def scenario(db: Database, url: str) -> tuple[int, int]:
+        await db.open_loop_reads()
+        try:
+            before = await db.loop_read(server_pid_plan)
+            # What a server restart does to a pooled connection: its server process ends (waited for, 5 s).
+            admin = Database(url)
+            with admin.engine.connect() as connection:
+                connection.execute(select(func.pg_terminate_backend(before, 5000)))
+            admin.dispose()
+            return before, await db.loop_read(server_pid_plan)
+        finally:
+            await db.close_loop_reads()
+
+    with fresh_database("postgresql", tmp_path) as url:
+        db = Database(url)
+        try:
+            before, after = asyncio.run(scenario(db, url))
+        finally:
+            db.dispose()
+    assert after != before  # read again on a new connection, not failed

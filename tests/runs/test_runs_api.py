@@ -13,6 +13,7 @@ import pytest
 from service.db.engine import Database
 from service.db.models import Run, RunMetric
 from service.runs.paths import RunPaths
+from service.runs.schemas import RunSummary
 from service.settings import Settings
 from tests.runs.conftest import wait_for_status
 from tests.support.live import Service, in_process_service
@@ -107,6 +108,39 @@ def test_listing_filters_and_pages_newest_first(service: Service, database_url: 
         assert [r["id"] for r in client.get("/runs", params={"environment": "gsm8k"}).json()["runs"]] == ["g1"]
         assert client.get("/runs", params={"status": "exploded"}).status_code == 422
         assert client.get("/runs", params={"cursor": "not a cursor"}).status_code == 422
+
+
+def test_a_listed_run_reads_exactly_as_its_record(service: Service, database_url: str) -> None:
+    """A listing's JSON is written by the database (service/db/json_sql.py), a record's by pydantic: each run must
+    read the same in both, key for key in the model's order, with the same datetime text."""
+    moment = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)  # no fraction of a second: pydantic writes none
+    bare = Run(id="bare", environment="echo", backend="local", status="completed", created_at=moment, config={})
+    full = Run(
+        id="full",
+        environment="gsm8k",
+        backend="tinker",
+        status="failed",
+        created_at=moment - timedelta(microseconds=1),
+        started_at=moment + timedelta(microseconds=450),
+        ended_at=moment + timedelta(hours=30, microseconds=999_999),
+        stalled=True,
+        last_step=7,
+        priority=-3,
+        dataset_id="ds1",
+        dataset_mode="offline",
+        wandb_run_name='a "quoted" back\\slash, é ✓ and a\ttab',
+        config={"tinker": {"total_steps": 12}},
+    )
+    add_runs(database_url, bare, full)
+    with service.client() as client:
+        listed = client.get("/runs").json()["runs"]
+        assert [run["id"] for run in listed] == ["bare", "full"]
+        for run in listed:
+            record = client.get(f"/runs/{run['id']}").json()
+            assert list(run) == list(RunSummary.model_fields)
+            assert run == {key: record[key] for key in RunSummary.model_fields}
+    assert listed[1]["created_at"] == "2026-03-04T05:06:06.999999Z" and listed[1]["stalled"] is True
+    assert listed[0]["created_at"] == "2026-03-04T05:06:07Z" and listed[0]["ended_at"] is None
 
 
 def test_metrics_filter_by_name_and_step_range(service: Service, database_url: str) -> None:
