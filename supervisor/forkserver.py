@@ -59,7 +59,23 @@ EXIT_RECORD_WAIT_S = 30.0
 RETRY_AFTER_FAILED_START_S = 60.0
 # What a server imports once for the processes of runs forked from it: the trainer's and the environments' heavy
 # imports, and the Atropos API (the service's server also forks its own children: service/children.py).
-RUN_PRELOAD = ("torch", "transformers", "peft", "atroposlib.envs.base", "atroposlib.api")
+RUN_PRELOAD = (
+    "torch",
+    "transformers",
+    "peft",
+    "atroposlib.envs.base",
+    "atroposlib.api",
+    # What the three run processes still imported after their fork (a quarter of a run's start-up CPU): the web
+    # servers of the API and the trainer, the trainer's own modules, and the environment CLI's console output.
+    "uvicorn.main",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.auto",
+    "rich.console",
+    "rich.pretty",
+    "trainer.loop",
+)
 # The server's command-line flag: it and every process it forks die with the server's parent (see below).
 DIE_WITH_PARENT_FLAG = "--die-with-parent"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
