@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, Executable, Row, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from service.db.loop_reads import LoopReads
+from service.db.plans import ReadPlan, run_plan_on
 from service.settings import normalize_database_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -32,38 +30,6 @@ POOL_SIZE = REQUEST_THREADS + BACKGROUND_CONNECTIONS + 1
 POOL_OVERFLOW = 10  # bursts beyond that (many runs supervised at once) open extra connections
 # PostgreSQL's reads on the event loop (Database.loop_read): as many at once, and the rest wait their turn.
 LOOP_READ_CONNECTIONS = 8
-
-
-@dataclass(frozen=True)
-class Read:
-    """One statement of a read plan, with its bound values."""
-
-    statement: Executable
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-
-
-# A read written once for both ways of running it (Database.run_plan in a thread, Database.loop_read on the
-# event loop): a generator that yields each Read and is sent back its rows, then returns its result.
-ReadPlan = Generator[Read, Sequence[Row[Any]], T]
-
-
-def run_plan_on(connection: Connection | Session, plan: ReadPlan[T]) -> T:
-    """A read plan's result, its statements run on `connection` (a session's, inside its unit of work)."""
-    try:
-        read = next(plan)
-        while True:
-            read = plan.send(connection.execute(read.statement, read.parameters).all())
-    except StopIteration as done:
-        return cast(T, done.value)
-
-
-async def _run_plan_async(connection: AsyncConnection, plan: ReadPlan[T]) -> T:
-    try:
-        read = next(plan)
-        while True:
-            read = plan.send((await connection.execute(read.statement, read.parameters)).all())
-    except StopIteration as done:
-        return cast(T, done.value)
 
 
 class ReadOnlySession(Session):
@@ -83,8 +49,7 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._read_engine = _read_engine(self.engine)
         self._reads = sessionmaker(self._read_engine, class_=ReadOnlySession, expire_on_commit=False)
-        self._loop_reads: AsyncEngine | None = None
-        self._loop_read_turns = asyncio.Semaphore(LOOP_READ_CONNECTIONS)
+        self._loop_reads: LoopReads | None = None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -115,42 +80,24 @@ class Database:
         walk or two and a small file at most (a run's record, a page of runs), never a write. A worker thread
         costs such a read more than the read itself: under load each hop waits for the interpreter's lock.
         - SQLite: the statements run here, in this process (a WAL reader waits on no writer).
-        - PostgreSQL: a server can be slow or gone, so its statements are awaited, on the async engine
-          `open_loop_reads` opened (the thread pool before that)."""
+        - PostgreSQL: a server can be slow or gone, so its statements are awaited, on the connections
+          `open_loop_reads` opened (`service/db/loop_reads.py`; the thread pool before that)."""
         if self.in_process:
             return self.run_plan(plan(*args, **kwargs))
         if self._loop_reads is None:
             return await run_in_threadpool(lambda: self.run_plan(plan(*args, **kwargs)))
-        for attempt in range(2):
-            try:
-                async with self._loop_read_turns, self._loop_reads.connect() as connection:
-                    return await _run_plan_async(connection, plan(*args, **kwargs))
-            except DBAPIError as error:
-                # The pool does not ping a connection before each read (a round trip, and a tenth of such a
-                # read's CPU). One the server dropped (a restart, an idle timeout) fails its first statement; the
-                # pool then forgets it and every connection as old, and the read, which changes nothing, runs
-                # again from its start on a new one.
-                if attempt or not error.connection_invalidated:
-                    raise
-        raise AssertionError("unreachable")
+        return await self._loop_reads.run(lambda: plan(*args, **kwargs))
 
     async def open_loop_reads(self) -> None:
-        """On PostgreSQL, the async engine of `loop_read` (its connections belong to the running loop)."""
+        """On PostgreSQL, the connections of `loop_read` (they belong to the running loop)."""
         if not self.in_process and self._loop_reads is None:
-            # First come, first served: the pool's own wait lets a newcomer take a connection that was given
-            # back before the reads already waiting for one (a few waited seconds under 200 connections).
-            self._loop_read_turns = asyncio.Semaphore(LOOP_READ_CONNECTIONS)
-            self._loop_reads = create_async_engine(
-                make_url(self.url).set(drivername="postgresql+psycopg_async"),
-                pool_size=LOOP_READ_CONNECTIONS,
-                max_overflow=0,
-                isolation_level="AUTOCOMMIT",  # a read is one round trip, as on the read engine
-            )
+            self._loop_reads = LoopReads(self.url, self.engine.dialect, LOOP_READ_CONNECTIONS)
+            await self._loop_reads.open()
 
     async def close_loop_reads(self) -> None:
         if self._loop_reads is not None:
-            engine, self._loop_reads = self._loop_reads, None
-            await engine.dispose()
+            reads, self._loop_reads = self._loop_reads, None
+            await reads.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -20,8 +20,8 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.engine import Read, ReadPlan, run_plan_on
 from service.db.models import Run, RunAdmission
+from service.db.plans import Read, ReadPlan, run_plan_on
 from service.db.rows import changed_rows
 from service.runs import lifecycle
 from supervisor.executor import NO_RESOURCES, Executor, Resources, Usage

@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
 from service.context import AppContext
-from service.db.engine import Read, ReadPlan
 from service.db.json_sql import iso_utc, json_bool, json_object
 from service.db.models import Run, RunProcess
+from service.db.plans import Read, ReadPlan
 from service.db.rows import load_row
 from service.db.types import UTCDateTime, utc_value, utcnow
 from service.environments import service as environments

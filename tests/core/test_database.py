@@ -14,8 +14,9 @@ from sqlalchemy import Integer, String, bindparam, func, inspect, literal, selec
 from sqlalchemy.exc import IntegrityError
 
 from service.db import migrate
-from service.db.engine import Database, Read, ReadPlan
+from service.db.engine import Database
 from service.db.models import Run, RunProcess
+from service.db.plans import Read, ReadPlan
 from service.settings import Settings
 from tests.support.databases import database_kinds, fresh_database
 from tests.support.live import in_process_service
