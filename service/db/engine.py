@@ -28,8 +28,10 @@ REQUEST_THREADS = 40
 BACKGROUND_CONNECTIONS = 10
 POOL_SIZE = REQUEST_THREADS + BACKGROUND_CONNECTIONS + 1
 POOL_OVERFLOW = 10  # bursts beyond that (many runs supervised at once) open extra connections
-# PostgreSQL's reads on the event loop (Database.loop_read): as many at once, and the rest wait their turn.
+# PostgreSQL's reads on the event loop (Database.loop_read): as many at once, and the rest wait their turn, at
+# most so long for a connection (then 503 UNAVAILABLE: the server is gone, or far too busy).
 LOOP_READ_CONNECTIONS = 8
+LOOP_READ_WAIT_S = 10.0
 
 
 class ReadOnlySession(Session):
@@ -91,7 +93,7 @@ class Database:
     async def open_loop_reads(self) -> None:
         """On PostgreSQL, the connections of `loop_read` (they belong to the running loop)."""
         if not self.in_process and self._loop_reads is None:
-            self._loop_reads = LoopReads(self.url, self.engine.dialect, LOOP_READ_CONNECTIONS)
+            self._loop_reads = LoopReads(self.url, self.engine.dialect, LOOP_READ_CONNECTIONS, LOOP_READ_WAIT_S)
             await self._loop_reads.open()
 
     async def close_loop_reads(self) -> None:

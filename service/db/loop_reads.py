@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import Dialect, Executable, Select
 from sqlalchemy.engine import make_url
 
 from service.db.plans import ReadPlan
+from service.errors import Unavailable
 
 T = TypeVar("T")
 COMPILED_KEPT = 64  # statements built once (the hot reads' few) stay compiled; others are compiled per read
@@ -52,12 +53,19 @@ class _Compiled:
 
 class LoopReads:
     """At most `size` reads at once, each on its own connection (in autocommit: a read is one round trip); the
-    rest wait their turn, first come, first served. Opened and closed on the loop that uses it."""
+    rest wait their turn, first come, first served, for `wait_s` at most. Opened and closed on the loop that
+    uses it."""
 
-    def __init__(self, url: str, dialect: Dialect, size: int) -> None:
+    def __init__(self, url: str, dialect: Dialect, size: int, wait_s: float) -> None:
         conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._pool = AsyncConnectionPool(
-            conninfo, min_size=1, max_size=size, open=False, kwargs={"autocommit": True}, name="loop-reads"
+            conninfo,
+            min_size=1,
+            max_size=size,
+            open=False,
+            kwargs={"autocommit": True},
+            name="loop-reads",
+            timeout=wait_s,
         )
         self._dialect = dialect
         self._compiled: OrderedDict[Executable, _Compiled] = OrderedDict()
@@ -69,16 +77,19 @@ class LoopReads:
         await self._pool.close()
 
     async def run(self, plan: Callable[[], ReadPlan[T]]) -> T:
+        """The plan's result; Unavailable (503) when no connection to the server could be had in time."""
         for attempt in range(2):
             try:
                 async with self._pool.connection() as connection:
                     return await self._run(connection, plan())
-            except psycopg.OperationalError:
+            except PoolTimeout as error:
+                raise Unavailable("the database cannot be reached (or is too busy): try again") from error
+            except psycopg.OperationalError as error:
                 # Connections are not pinged before each read (a round trip). One the server dropped (a restart,
                 # an idle time-out) fails its first statement and the pool discards it; the read, which changes
                 # nothing, runs again from its start on another.
                 if attempt:
-                    raise
+                    raise Unavailable("the database cannot be reached: try again") from error
         raise AssertionError("unreachable")
 
     async def _run(self, connection: psycopg.AsyncConnection[Any], plan: ReadPlan[T]) -> T:

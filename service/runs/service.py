@@ -347,7 +347,7 @@ def _summary_json_columns() -> tuple[Any, ...]:
 def _summary_value(key: str) -> ColumnElement[Any]:
     """One RunSummary field in the database's JSON, as the model writes it."""
     if key == "queue_position":
-        return null()  # list_runs_json places the queued runs
+        return null()  # list_runs_plan places the queued runs
     column = RUN_COLUMNS[key]
     if isinstance(column.type, UTCDateTime):
         return iso_utc(column)

@@ -11,13 +11,17 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Integer, String, bindparam, func, inspect, literal, select, text
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.exc import IntegrityError
 
 from service.db import migrate
 from service.db.engine import Database
+from service.db.loop_reads import LoopReads
 from service.db.models import Run, RunProcess
 from service.db.plans import Read, ReadPlan
+from service.errors import Unavailable
 from service.settings import Settings
+from supervisor.ports import free_ports
 from tests.support.databases import database_kinds, fresh_database
 from tests.support.live import in_process_service
 
@@ -190,3 +194,23 @@ def test_a_postgresql_read_outlives_the_server_dropping_its_connection(tmp_path:
         finally:
             db.dispose()
     assert after != before  # read again on a new connection, not failed
+
+
+def test_a_postgresql_read_with_no_server_to_reach_answers_unavailable() -> None:
+    def plan() -> ReadPlan[int]:
+        rows = yield Read(select(literal(1).label("n")))
+        return rows[0].n
+
+    nothing_listens = f"postgresql+psycopg://postgres@127.0.0.1:{free_ports(1)[0]}/test"
+    reads = LoopReads(nothing_listens, postgresql_psycopg.dialect(), size=1, wait_s=0.5)
+
+    async def scenario() -> None:
+        await reads.open()
+        try:
+            with pytest.raises(Unavailable) as refused:
+                await reads.run(plan)
+            assert refused.value.status_code == 503 and refused.value.code == "UNAVAILABLE"
+        finally:
+            await reads.close()
+
+    asyncio.run(scenario())
