@@ -35,7 +35,7 @@ from sqlalchemy.types import NullType
 from service.context import AppContext
 from service.db.json_sql import iso_utc, json_bool, json_object
 from service.db.models import Run, RunProcess
-from service.db.plans import Read, ReadPlan
+from service.db.plans import Read, ReadPlan, run_plan_on
 from service.db.rows import load_row
 from service.db.types import UTCDateTime, utc_value, utcnow
 from service.environments import service as environments
@@ -279,14 +279,20 @@ def run_record_plan(ctx: AppContext, run_id: str) -> ReadPlan[RunOut]:
     if not rows:
         raise RunNotFound.for_id(run_id)
     run = rows[0]
-    positions = yield from admission.queue_positions_plan([run.id] if run.status == lifecycle.QUEUED else [])
+    queue_position = yield from _queue_position_plan(run)
     processes = [dict(zip(PROCESS_KEYS, row[-len(PROCESS_KEYS) :], strict=True)) for row in rows if row.process_role]
-    return _run_out(ctx, run, processes, positions.get(run.id))
+    return _run_out(ctx, run, processes, queue_position)
 
 
 def _queue_position(session: Session | Connection, run: Run | Row[Any]) -> int | None:
+    return run_plan_on(session, _queue_position_plan(run))
+
+
+def _queue_position_plan(run: Run | Row[Any]) -> ReadPlan[int | None]:
     """A queued run's place; no second query for a run in any other state."""
-    return admission.queue_positions(session, [run.id]).get(run.id) if run.status == lifecycle.QUEUED else None
+    if run.status != lifecycle.QUEUED:
+        return None
+    return (yield from admission.queue_positions_plan([run.id])).get(run.id)
 
 
 def list_runs(
