@@ -10,7 +10,7 @@ driver), so a row reads as it would through a Connection: its values by position
 from __future__ import annotations
 
 from collections import OrderedDict, namedtuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -29,13 +29,13 @@ COMPILED_KEPT = 64  # statements built once (the hot reads' few) stay compiled; 
 @dataclass(frozen=True)
 class _Compiled:
     sql: str
-    construct_params: Callable[[dict[str, Any]], Mapping[str, Any]]  # the given values and the statement's own
+    construct_params: Callable[[Mapping[str, Any]], MutableMapping[str, Any]]  # new: given and own values
     bind_processors: dict[str, Callable[[Any], Any]]
     result_processors: tuple[Callable[[Any], Any] | None, ...]
     row: Callable[..., Any]  # a named tuple of the statement's columns
 
-    def parameters(self, given: dict[str, Any]) -> dict[str, Any]:
-        values = dict(self.construct_params(given))
+    def parameters(self, given: Mapping[str, Any]) -> MutableMapping[str, Any]:
+        values = self.construct_params(given)
         for name, process in self.bind_processors.items():
             if name in values:
                 values[name] = process(values[name])
@@ -81,15 +81,21 @@ class LoopReads:
         for attempt in range(2):
             try:
                 async with self._pool.connection() as connection:
-                    return await self._run(connection, plan())
+                    try:
+                        return await self._run(connection, plan())
+                    except psycopg.OperationalError as error:
+                        # Connections are not pinged before each read (a round trip). One the server dropped (a
+                        # restart, an idle time-out) fails its first statement, and so would the others it
+                        # dropped with it: the pool discards this one and checks the rest, and the read, which
+                        # changes nothing, runs again from its start. A statement that failed on a sound
+                        # connection fails as on any other read.
+                        if not connection.broken:
+                            raise
+                        if attempt:
+                            raise Unavailable("the database cannot be reached: try again") from error
+                await self._pool.check()
             except PoolTimeout as error:
                 raise Unavailable("the database cannot be reached (or is too busy): try again") from error
-            except psycopg.OperationalError as error:
-                # Connections are not pinged before each read (a round trip). One the server dropped (a restart,
-                # an idle time-out) fails its first statement and the pool discards it; the read, which changes
-                # nothing, runs again from its start on another.
-                if attempt:
-                    raise Unavailable("the database cannot be reached: try again") from error
         raise AssertionError("unreachable")
 
     async def _run(self, connection: psycopg.AsyncConnection[Any], plan: ReadPlan[T]) -> T:
@@ -97,7 +103,7 @@ class LoopReads:
             read = next(plan)
             while True:
                 compiled = self._compile(read.statement)
-                cursor = await connection.execute(compiled.sql, compiled.parameters(dict(read.parameters)))
+                cursor = await connection.execute(compiled.sql, compiled.parameters(read.parameters))
                 read = plan.send(compiled.rows(await cursor.fetchall()))
         except StopIteration as done:
             return cast(T, done.value)
