@@ -25,6 +25,8 @@ class Read:
     parameters: Mapping[str, Any] = field(default_factory=dict)
 
 
+# What a plan is sent back: its statement's rows, each read by position and by name (SQLAlchemy's Row on a
+# Connection; a named tuple of the same values on the event loop's PostgreSQL connections).
 ReadPlan = Generator[Read, Sequence[Row[Any]], T]
 
 

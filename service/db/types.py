@@ -34,9 +34,9 @@ def utc_value(value: datetime | str) -> datetime: ...
 def utc_value(value: None) -> None: ...
 def utc_value(value: datetime | str | None) -> datetime | None:
     """What a UTCDateTime column reads as, from the driver's own value: SQLite's text (SQLAlchemy writes
-    `YYYY-MM-DD HH:MM:SS.ffffff`, in UTC) or PostgreSQL's datetime. For statements that select a column without its
-    type (`type_coerce(column, NullType())`), where SQLAlchemy's three calls per value were the larger part of
-    reading a page of rows."""
+    `YYYY-MM-DD HH:MM:SS.ffffff`, in UTC) or PostgreSQL's datetime, for a column selected without its type
+    (`type_coerce(column, NullType())`): GET /runs reads its rows' created_at that way, and converts only the one
+    its next cursor needs."""
     if value is None:
         return None
     if isinstance(value, str):
