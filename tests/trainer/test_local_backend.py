@@ -36,11 +36,15 @@ def backend(tiny_model_dir: Path, tmp_path: Path) -> LocalBackend:
     return LocalBackend(make_config(tiny_model_dir, tmp_path / "run"))
 
 
-def prompt_tokens(backend: LocalBackend) -> list[int]:
+def chat_prompt(backend: LocalBackend, content: str) -> list[int]:
     text = backend.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Echo: 42"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
     return backend.tokenizer.encode(text, add_special_tokens=False)
+
+
+def prompt_tokens(backend: LocalBackend) -> list[int]:
+    return chat_prompt(backend, "Echo: 42")
 
 
 def datums_for(backend: LocalBackend, prompt: list[int], advantage: float, n: int = 4):
@@ -160,21 +164,22 @@ def test_checkpoint_restores_weights_and_optimizer(backend: LocalBackend, tiny_m
     assert torch.equal(saved_state[first]["exp_avg"], restored_state[first]["exp_avg"])
 
 
+def assert_trainer_logprobs(backend: LocalBackend, prompt: list[int], completions: list) -> None:
+    data = [
+        build_datum(prompt + c.tokens, [-100] * len(prompt) + c.tokens, 1.0, [1.0] * len(prompt) + c.logprobs, 1024)
+        for c in completions
+    ]
+    for completion, datum, row in zip(completions, data, backend.compute_logprobs(data), strict=True):
+        trained = [v for v, t in zip(row, datum.completion_mask, strict=True) if t]
+        assert trained == pytest.approx(completion.logprobs, abs=1e-4)
+
+
 def test_concurrent_requests_of_different_prompts_are_batched_and_keep_exact_logprobs(backend: LocalBackend) -> None:
     """Requests waiting together are sampled as one left-padded batch: each completion's logprobs are still the
     trainer's for that prompt alone, so the padding never leaks into another request's rows."""
     import threading
 
-    tokenizer = backend.tokenizer
-    prompts = [
-        tokenizer.encode(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": "Echo: " + "7" * length}], tokenize=False, add_generation_prompt=True
-            ),
-            add_special_tokens=False,
-        )
-        for length in (1, 5, 12)
-    ]
+    prompts = [chat_prompt(backend, "Echo: " + "7" * length) for length in (1, 5, 12)]
     results: dict[int, list] = {}
     threads = [
         threading.Thread(
@@ -190,10 +195,114 @@ def test_concurrent_requests_of_different_prompts_are_batched_and_keep_exact_log
     for index, prompt in enumerate(prompts):
         completions = results[index]
         assert len(completions) == 3 and all(c.weights_version == 0 for c in completions)
-        data = [
-            build_datum(prompt + c.tokens, [-100] * len(prompt) + c.tokens, 1.0, [1.0] * len(prompt) + c.logprobs, 1024)
-            for c in completions
-        ]
-        for completion, datum, row in zip(completions, data, backend.compute_logprobs(data), strict=True):
-            trained = [v for v, t in zip(row, datum.completion_mask, strict=True) if t]
-            assert trained == pytest.approx(completion.logprobs, abs=1e-4)
+        assert_trainer_logprobs(backend, prompt, completions)
+
+
+class InFlight:
+    """A request sampled in a thread of its own: `done` once answered, then `completions` or `error`."""
+
+    def __init__(self, backend: LocalBackend, request: SamplingRequest) -> None:
+        import threading
+
+        self.request = request
+        self.completions: list | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(backend,), daemon=True)
+        self._thread.start()
+
+    def _run(self, backend: LocalBackend) -> None:
+        try:
+            self.completions = backend.sample(self.request)
+        except BaseException as error:  # noqa: BLE001 - the test reads it
+            self.error = error
+        finally:
+            self.done.set()
+
+    def wait(self, timeout: float = 300) -> None:
+        self._thread.join(timeout)
+
+    def result(self, timeout: float = 300) -> list:
+        assert self.done.wait(timeout), "the request was never answered"
+        assert self.error is None, self.error
+        assert self.completions is not None
+        return self.completions
+
+
+@pytest.fixture
+def in_flight(backend: LocalBackend):
+    """Starts requests in threads of their own; each has ended before the test's backend goes, even on failure."""
+    started: list[InFlight] = []
+
+    def start(request: SamplingRequest) -> InFlight:
+        started.append(InFlight(backend, request))
+        return started[-1]
+
+    yield start
+    for request in started:
+        request.wait()
+
+
+def wait_for_batch(backend: LocalBackend, request: InFlight) -> None:
+    """Until the sampler decodes a batch holding `request` (its turn-taking state, read for the test's timing)."""
+    from tests.support.waiting import wait_until
+
+    def holds_it() -> bool:
+        batch = backend._sampler._batch
+        return batch is not None and any(pending.request is request.request for pending in list(batch.requests))
+
+    wait_until(holds_it, timeout=120, message="the long request's batch to start")
+
+
+def test_requests_join_a_running_batch_and_are_answered_as_their_rows_end(backend: LocalBackend, in_flight) -> None:
+    """A request arriving while a long batch runs joins it at the next token, with a prompt longer than the batch's
+    cache (the cache is padded) and one shorter (its rows are padded), and is answered while the long request is
+    still sampling; every completion's logprobs are still the trainer's for its own prompt."""
+    short, long = chat_prompt(backend, "Echo: 1"), chat_prompt(backend, "Echo: " + "7" * 300)
+    running = in_flight(SamplingRequest(short, n=8, max_new_tokens=200))
+    wait_for_batch(backend, running)
+    joining = [
+        in_flight(SamplingRequest(long, n=2, max_new_tokens=3)),
+        in_flight(SamplingRequest(short, n=3, max_new_tokens=4)),
+    ]
+    answered = [request.result() for request in joining]
+    # Eight rows of 200 random tokens all ending within a few steps is vanishingly unlikely: still running means
+    # the short requests joined the batch instead of waiting for it to end.
+    assert not running.done.is_set()
+    for prompt, completions, limit in zip((long, short), answered, (3, 4), strict=True):
+        assert all(1 <= len(c.tokens) <= limit for c in completions)
+        assert_trainer_logprobs(backend, prompt, completions)
+    long_running = running.result()
+    assert len(long_running) == 8
+    assert_trainer_logprobs(backend, short, long_running)
+
+
+def test_a_seeded_request_is_sampled_alone_whatever_else_is_running(backend: LocalBackend, in_flight) -> None:
+    prompt = chat_prompt(backend, "Echo: 42")
+    seeded = SamplingRequest(prompt, n=3, max_new_tokens=8, seed=11)
+    alone = backend.sample(seeded)
+    running = in_flight(SamplingRequest(chat_prompt(backend, "Echo: 9"), n=4, max_new_tokens=120))
+    wait_for_batch(backend, running)
+    beside = in_flight(seeded).result()
+    assert [c.tokens for c in beside] == [c.tokens for c in alone]
+    for ours, theirs in zip(beside, alone, strict=True):
+        assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
+    running.result()
+
+
+def test_no_request_joins_once_new_weights_are_staged(backend: LocalBackend, in_flight) -> None:
+    """A batch in flight finishes on the weights it began with; a request arriving after a publish waits for it and
+    is sampled from the new weights."""
+    prompt = prompt_tokens(backend)
+    _, data = datums_for(backend, prompt, advantage=1.0)
+    backend.forward_backward(data)
+    backend.optim_step(0.05)
+    running = in_flight(SamplingRequest(prompt, n=4, max_new_tokens=150))
+    wait_for_batch(backend, running)
+    backend.publish_weights(1)
+    after = in_flight(SamplingRequest(prompt, n=2, max_new_tokens=4))
+    fresh = after.result()
+    assert running.done.is_set()  # it was answered first: the new request did not join it
+    assert all(c.weights_version == 0 for c in running.result())
+    assert all(c.weights_version == 1 for c in fresh)
+    assert_trainer_logprobs(backend, prompt, fresh)
