@@ -4,11 +4,13 @@ exactly."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.waiting import wait_until
 from trainer.backends.base import SamplingRequest
 from trainer.backends.local import LocalBackend
 from trainer.config import TrainerConfig, parse_config
@@ -62,14 +64,21 @@ def datums_for(backend: LocalBackend, prompt: list[int], advantage: float, n: in
     return completions, data
 
 
+def assert_trainer_logprobs(backend: LocalBackend, prompt: list[int], completions: list) -> None:
+    data = [
+        build_datum(prompt + c.tokens, [-100] * len(prompt) + c.tokens, 1.0, [1.0] * len(prompt) + c.logprobs, 1024)
+        for c in completions
+    ]
+    for completion, datum, row in zip(completions, data, backend.compute_logprobs(data), strict=True):
+        trained = [v for v, t in zip(row, datum.completion_mask, strict=True) if t]
+        assert trained == pytest.approx(completion.logprobs, abs=1e-4)
+
+
 def test_sampler_logprobs_equal_the_trainers(backend: LocalBackend) -> None:
     prompt = prompt_tokens(backend)
-    completions, data = datums_for(backend, prompt, advantage=1.0)
+    completions, _ = datums_for(backend, prompt, advantage=1.0)
     assert len(completions) == 4 and all(1 <= len(c.tokens) <= 6 for c in completions)
-    recomputed = backend.compute_logprobs(data)
-    for completion, datum, row in zip(completions, data, recomputed, strict=True):
-        completion_part = [value for value, trained in zip(row, datum.completion_mask, strict=True) if trained]
-        assert completion_part == pytest.approx(completion.logprobs, abs=1e-4)
+    assert_trainer_logprobs(backend, prompt, completions)
 
 
 def test_finish_reason_is_real(backend: LocalBackend) -> None:
@@ -138,10 +147,8 @@ def test_publishing_is_in_process_and_sampling_sees_the_new_weights(backend: Loc
     published = backend.publish_weights(1)
     assert published.version == 1 and backend.published.version == 1
     assert backend.model.get_base_model().model.embed_tokens.weight is base_weights  # never reloaded
-    completions, fresh = datums_for(backend, prompt, advantage=1.0)
-    for completion, datum, row in zip(completions, fresh, backend.compute_logprobs(fresh), strict=True):
-        trained = [v for v, t in zip(row, datum.completion_mask, strict=True) if t]
-        assert trained == pytest.approx(completion.logprobs, abs=1e-4)
+    completions, _ = datums_for(backend, prompt, advantage=1.0)
+    assert_trainer_logprobs(backend, prompt, completions)
 
 
 def test_checkpoint_restores_weights_and_optimizer(backend: LocalBackend, tiny_model_dir: Path) -> None:
@@ -164,46 +171,10 @@ def test_checkpoint_restores_weights_and_optimizer(backend: LocalBackend, tiny_m
     assert torch.equal(saved_state[first]["exp_avg"], restored_state[first]["exp_avg"])
 
 
-def assert_trainer_logprobs(backend: LocalBackend, prompt: list[int], completions: list) -> None:
-    data = [
-        build_datum(prompt + c.tokens, [-100] * len(prompt) + c.tokens, 1.0, [1.0] * len(prompt) + c.logprobs, 1024)
-        for c in completions
-    ]
-    for completion, datum, row in zip(completions, data, backend.compute_logprobs(data), strict=True):
-        trained = [v for v, t in zip(row, datum.completion_mask, strict=True) if t]
-        assert trained == pytest.approx(completion.logprobs, abs=1e-4)
-
-
-def test_concurrent_requests_of_different_prompts_are_batched_and_keep_exact_logprobs(backend: LocalBackend) -> None:
-    """Requests waiting together are sampled as one left-padded batch: each completion's logprobs are still the
-    trainer's for that prompt alone, so the padding never leaks into another request's rows."""
-    import threading
-
-    prompts = [chat_prompt(backend, "Echo: " + "7" * length) for length in (1, 5, 12)]
-    results: dict[int, list] = {}
-    threads = [
-        threading.Thread(
-            target=lambda i=i, p=p: results.__setitem__(i, backend.sample(SamplingRequest(p, n=3, max_new_tokens=5)))
-        )
-        for i, p in enumerate(prompts)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert sorted(results) == [0, 1, 2]
-    for index, prompt in enumerate(prompts):
-        completions = results[index]
-        assert len(completions) == 3 and all(c.weights_version == 0 for c in completions)
-        assert_trainer_logprobs(backend, prompt, completions)
-
-
 class InFlight:
     """A request sampled in a thread of its own: `done` once answered, then `completions` or `error`."""
 
     def __init__(self, backend: LocalBackend, request: SamplingRequest) -> None:
-        import threading
-
         self.request = request
         self.completions: list | None = None
         self.error: BaseException | None = None
@@ -245,13 +216,25 @@ def in_flight(backend: LocalBackend):
 
 def wait_for_batch(backend: LocalBackend, request: InFlight) -> None:
     """Until the sampler decodes a batch holding `request` (its turn-taking state, read for the test's timing)."""
-    from tests.support.waiting import wait_until
 
     def holds_it() -> bool:
         batch = backend._sampler._batch
         return batch is not None and any(pending.request is request.request for pending in list(batch.requests))
 
     wait_until(holds_it, timeout=120, message="the long request's batch to start")
+
+
+def test_concurrent_requests_of_different_prompts_are_batched_and_keep_exact_logprobs(
+    backend: LocalBackend, in_flight
+) -> None:
+    """Requests sampled together share one left-padded batch: each completion's logprobs are still the trainer's
+    for that prompt alone, so the padding never leaks into another request's rows."""
+    prompts = [chat_prompt(backend, "Echo: " + "7" * length) for length in (1, 5, 12)]
+    requests = [in_flight(SamplingRequest(prompt, n=3, max_new_tokens=5)) for prompt in prompts]
+    for prompt, request in zip(prompts, requests, strict=True):
+        completions = request.result()
+        assert len(completions) == 3 and all(c.weights_version == 0 for c in completions)
+        assert_trainer_logprobs(backend, prompt, completions)
 
 
 def test_requests_join_a_running_batch_and_are_answered_as_their_rows_end(backend: LocalBackend, in_flight) -> None:

@@ -84,8 +84,16 @@ class _Batch:
     positions: torch.Tensor
     logits: torch.Tensor
     version: int
-    resizable: bool  # rows can join and leave (_resizable); otherwise ended rows stay until every row has ended
     generator: torch.Generator | None  # a seeded request's own, for the batch it has alone
+
+    @property
+    def resizable(self) -> bool:
+        """Rows can join and leave; otherwise ended rows stay until every row has ended."""
+        return _resizable(self.cache)
+
+    @property
+    def joinable(self) -> bool:
+        return self.generator is None and self.resizable
 
 
 def sampler_copy(model: nn.Module) -> nn.Module:
@@ -222,7 +230,7 @@ class BatchedSampler:
         batch = self._batch
         if batch is None:
             self._take_up_staged()
-        elif batch.generator is not None or not batch.resizable or self._staged is not None:
+        elif not batch.joinable or self._staged is not None:
             return []
         rows = len(batch.rows) if batch is not None else 0
         taken: list[PendingSample] = []
@@ -281,7 +289,6 @@ class BatchedSampler:
             positions=positions[:, -1:],
             logits=output.logits[:, -1, :].float(),
             version=self.version,
-            resizable=_resizable(output.cache),
             generator=torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None,
         )
 
@@ -311,7 +318,7 @@ class BatchedSampler:
         chosen_ids = chosen.tolist()
         chosen_logprobs = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
         top: tuple[list[list[int]], list[list[float]]] | None = None
-        wants_top = max(row.pending.request.top_logprobs for row in batch.rows)
+        wants_top = max(pending.request.top_logprobs for pending in batch.requests)
         if wants_top > 0:
             values, ids = logprobs.topk(min(wants_top, logprobs.shape[-1]), dim=-1)
             top = ids.tolist(), values.tolist()
@@ -393,9 +400,9 @@ class BatchedSampler:
         batch.rows = [batch.rows[index] for index in going_on]
         batch.attention = attention[:, padding:]
         batch.positions = batch.positions[keep]
+        batch.cache.batch_select_indices(keep)
         for layer in batch.cache.layers:
-            layer.keys = layer.keys[keep, :, padding:]
-            layer.values = layer.values[keep, :, padding:]
+            layer.keys, layer.values = layer.keys[:, :, padding:], layer.values[:, :, padding:]
 
 
 def choose_tokens(logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator) -> torch.Tensor:
