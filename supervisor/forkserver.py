@@ -25,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import gc
 import importlib
 import io
 import json
+import logging
 import os
 import random
 import runpy
@@ -46,8 +48,11 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.start_time import start_time_of
+
+logger = logging.getLogger("rlctl.forkserver")
 EXIT_SUFFIX = ".exit"
-READY = b"ready"
+READY = b"ready"  # then the preload entries that failed, as a JSON list
 MAX_MESSAGE = 1 << 20  # a request is one message of the socket pair (an environment is kilobytes)
 # An argument of the server's own command line that only makes room in memory for its forks' command lines:
 # a fork writes its own there, so `ps` and psutil show what it runs (_show_command).
@@ -58,7 +63,8 @@ EXIT_RECORD_WAIT_S = 30.0
 # this long before a new server is tried: each would otherwise wait out the start-up time-out again.
 RETRY_AFTER_FAILED_START_S = 60.0
 # What a server imports once for the processes of runs forked from it: the trainer's and the environments' heavy
-# imports, and the Atropos API (the service's server also forks its own children: service/children.py).
+# imports, and the Atropos API (the service's server also forks its own children: service/children.py). An entry
+# `module:function` also calls that function once imported: work every fork would otherwise repeat.
 RUN_PRELOAD = (
     "torch",
     "transformers",
@@ -66,19 +72,28 @@ RUN_PRELOAD = (
     "atroposlib.envs.base",
     "atroposlib.api",
     # What the three run processes still imported after their fork (a quarter of a run's start-up CPU): the web
-    # servers of the API and the trainer, the trainer's own modules, and the environment CLI's console output.
+    # servers of the API and the trainer, the trainer's own modules, the environment CLI's console output, the
+    # HTTP clients' transport, what atroposlib's metrics import, and the tiny local model's architecture.
     "uvicorn.main",
     "uvicorn.protocols.http.auto",
     "uvicorn.protocols.websockets.auto",
     "uvicorn.lifespan.on",
     "uvicorn.loops.auto",
+    "uvloop",
+    "httpcore",
+    "anyio._backends._asyncio",
+    "numpy.ma",
     "rich.console",
     "rich.pretty",
     "trainer.loop",
+    "transformers.models.qwen3.modeling_qwen3",
+    "trainer.backends.local:warm_up",
 )
 # The server's command-line flag: it and every process it forks die with the server's parent (see below).
 DIE_WITH_PARENT_FLAG = "--die-with-parent"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# How long a request's answer may take (a fork takes milliseconds): past it the server is killed (ForkServer._abandon).
+ANSWER_TIMEOUT_S = 60.0
 # How often a launch waiting for another thread's start of the server asks whether to give up.
 GIVE_UP_POLL_S = 0.1
 
@@ -160,6 +175,7 @@ class ForkServer:
         env: Mapping[str, str],
         ready_timeout_s: float = 300.0,
         die_with_parent: bool = False,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
     ) -> None:
         """`die_with_parent`: the server is killed by the kernel when the thread that starts it ends (its parent's
         death, even by SIGKILL), and so is every process it forks when the server dies: what a node-side supervisor
@@ -168,10 +184,12 @@ class ForkServer:
         self.dies_with_parent = die_with_parent
         self._env = dict(env)  # the server's own, read by the modules it imports
         self._ready_timeout_s = ready_timeout_s
+        self._answer_timeout_s = answer_timeout_s
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen | None = None
         self._failed_start_at: float | None = None
+        self.preload_failures: list[str] = []  # of the running server: what each fork imports or does itself
 
     def start(self) -> bool:
         with self._lock:
@@ -195,7 +213,7 @@ class ForkServer:
                 socket.send_fds(self._sock, [request.encode()], list(stdio))
                 answer = json.loads(self._sock.recv(MAX_MESSAGE) or b"{}")
             except (OSError, ValueError):
-                self._disconnect()
+                self._abandon()
                 return None
             if "pid" not in answer:
                 return None
@@ -226,6 +244,7 @@ class ForkServer:
         return True
 
     def _start_server(self) -> bool:
+        started = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             flags = [DIE_WITH_PARENT_FLAG] if self.dies_with_parent else []
@@ -249,17 +268,44 @@ class ForkServer:
         self._sock = ours
         ours.settimeout(self._ready_timeout_s)
         try:
-            ready = ours.recv(MAX_MESSAGE) == READY
-        except OSError:
+            ready = self._read_ready(ours.recv(MAX_MESSAGE))
+        except (OSError, ValueError):
             ready = False
         if not ready:  # it died, or hangs importing: it forked nothing, so nothing of it is kept
+            logger.warning(
+                "the fork server did not start (%s after %.1f s): processes are started without it for %g s",
+                "exited" if self._process.poll() is not None else "not ready",
+                time.monotonic() - started,
+                RETRY_AFTER_FAILED_START_S,
+            )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()
             self._disconnect()
             return False
-        ours.settimeout(60.0)
+        ours.settimeout(self._answer_timeout_s)
         return True
+
+    def _read_ready(self, message: bytes) -> bool:
+        if not message.startswith(READY):
+            return False
+        self.preload_failures = json.loads(message[len(READY) :] or b"[]")
+        if self.preload_failures:  # each fork now pays for what the server could not do once
+            logger.warning("the fork server could not preload %s", ", ".join(self.preload_failures))
+        return True
+
+    def _abandon(self) -> None:
+        """A server that did not answer is killed, not only left: it would still fork the request in its queue
+        later, a process nobody knows of, beside the one the caller now starts itself. (Its earlier forks live on,
+        their exits no longer recorded: their supervisors read them as ended with no code.)"""
+        if self._process is not None:
+            if self._process.poll() is None:
+                logger.warning("the fork server (pid %d) did not answer a request: killed", self._process.pid)
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()  # not once reaped: its pid may be another process's by then
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=self._answer_timeout_s)
+        self._disconnect()
 
     def _disconnect(self) -> None:
         if self._sock is not None:
@@ -274,10 +320,13 @@ class ForkServer:
 
 
 def serve(sock: socket.socket, preload: Sequence[str], forks_die_with_server: bool = False) -> None:
-    for module in preload:
-        with contextlib.suppress(Exception):  # a module that does not import here is imported by the fork itself
-            importlib.import_module(module)
+    failures = [entry for entry in preload if not _preloaded(entry)]
     _IMPORTED_TEMP_DIRS[:] = _module_temp_dirs()
+    # What the preload made is the forks' too: frozen, no collection in a fork walks it. Walking it writes to
+    # every object's header, and each page written is a copy: a full collection in a trainer's start-up copied
+    # 140 MB of the server's memory and tripled its CPU (docs/RUNS.md#the-fork-server). (No collection first: it
+    # takes a quarter of a second and finds a few dozen objects.)
+    gc.freeze()
     children: dict[int, tuple[Path, float]] = {}
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
@@ -285,7 +334,7 @@ def serve(sock: socket.socket, preload: Sequence[str], forks_die_with_server: bo
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the loop through the fd
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the service's group stop is not ours: its socket closing is
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock.sendall(READY)
+    sock.sendall(READY + json.dumps(failures).encode())
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wakeup_read, selectors.EVENT_READ)
@@ -310,6 +359,19 @@ def serve(sock: socket.socket, preload: Sequence[str], forks_die_with_server: bo
         _reap(children)
 
 
+def _preloaded(entry: str) -> bool:
+    """Imports `module` of an entry `module` or `module:function`, and calls the function; False if that failed
+    (the forks then import, or do, it themselves)."""
+    module, _, function = entry.partition(":")
+    try:
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
+    except Exception:  # noqa: BLE001 - whatever a module raises, the server still serves
+        return False
+    return True
+
+
 def _fork(
     request: LaunchRequest,
     stdio: Sequence[int],
@@ -320,18 +382,27 @@ def _fork(
     for stream in (sys.stdout, sys.stderr):  # nothing of ours may be flushed into the child's log
         stream.flush()
     server_pid = os.getpid()
+    # The answer waits for the fork's setsid (its end of this pipe closes then): a caller that kills the session
+    # named by the answered pid at once would otherwise miss a fork still in ours, and the fork would live on.
+    in_session_read, in_session_write = os.pipe()
     try:
         pid = os.fork()
     except OSError as error:
+        os.close(in_session_read)
+        os.close(in_session_write)
         return {"error": f"fork failed: {error}"}
     if pid == 0:  # the child: never returns
+        os.close(in_session_read)
         if die_with_server:
             die_with_parent()
             if os.getppid() != server_pid:  # the server died before the kernel was told: as if it had after
                 os._exit(1)
-        _become(request, stdio, server_fds)
+        _become(request, stdio, server_fds, in_session_write)
+    os.close(in_session_write)
+    os.read(in_session_read, 1)  # end of file: the fork leads its session, or is gone
+    os.close(in_session_read)
     try:
-        start_time = psutil.Process(pid).create_time()
+        start_time = start_time_of(pid)
     except psutil.Error:
         start_time = 0.0
     children[pid] = (request.record_path, start_time)
@@ -393,10 +464,10 @@ def _own_temp_dirs() -> None:
             setattr(module, attribute, tempfile.TemporaryDirectory())
 
 
-def _become(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...]) -> None:
+def _become(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...], in_session: int) -> None:
     code = 1
     try:
-        _detach(request, stdio, server_fds)
+        _detach(request, stdio, server_fds, in_session)
         code = _run(request.argv)
     except BaseException:  # noqa: BLE001 - whatever happens, this process must not return into the server's loop
         with contextlib.suppress(BaseException):
@@ -405,9 +476,11 @@ def _become(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int,
         _exit(code)
 
 
-def _detach(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...]) -> None:
-    """Everything an exec would have given a fresh process, less the imports."""
+def _detach(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...], in_session: int) -> None:
+    """Everything an exec would have given a fresh process, less the imports. `in_session` is closed once the
+    process leads a session of its own: the server answers then."""
     os.setsid()
+    os.close(in_session)
     signal.set_wakeup_fd(-1)
     for number in (signal.SIGCHLD, signal.SIGTERM):  # as a fresh interpreter has them (SIGPIPE stays ignored)
         signal.signal(number, signal.SIG_DFL)

@@ -29,6 +29,7 @@ from supervisor.forkserver import (
     read_exit,
     runnable,
 )
+from supervisor.start_time import start_time_of, started_at
 
 START_TIME_TOLERANCE_S = 0.05
 # The variable that says which GPUs a process sees: set in a spec's env by the executors (local.py, node.py).
@@ -90,10 +91,9 @@ class ProcessSpec:
 def identity_liveness(identity: ProcessIdentity) -> Liveness:
     """Is the process that was started still there? A reused pid counts as dead; no permission is unknown."""
     try:
-        process = psutil.Process(identity.pid)
-        if _started_otherwise(process, identity):
+        if _started_otherwise(identity):
             return Liveness.DEAD
-        if process.status() == psutil.STATUS_ZOMBIE:
+        if psutil.Process(identity.pid).status() == psutil.STATUS_ZOMBIE:
             return Liveness.DEAD
         return Liveness.ALIVE
     except psutil.NoSuchProcess:
@@ -176,9 +176,9 @@ class SupervisedProcess:
             preexec_fn=die_with_parent if spec.die_with_parent else None,  # prctl only: safe before exec
         )
         try:
-            start_time = psutil.Process(popen.pid).create_time()
-        except psutil.NoSuchProcess:
-            start_time = time.time()
+            start_time = start_time_of(popen.pid)
+        except psutil.NoSuchProcess:  # already ended and reaped: its start was a moment ago
+            start_time = time.clock_gettime(time.CLOCK_BOOTTIME)
         return cls(spec.role, ProcessIdentity(popen.pid, popen.pid, start_time), spec.log_path, popen)
 
     @classmethod
@@ -265,14 +265,14 @@ class SupervisedProcess:
 def _pid_reused(identity: ProcessIdentity) -> bool:
     """The leader's pid belongs to a process started at another time (our leader, even a zombie, is not reused)."""
     try:
-        return _started_otherwise(psutil.Process(identity.pid), identity)
+        return _started_otherwise(identity)
     except (psutil.Error, OSError):  # gone (then not reused), or not ours to look at
         return False
 
 
-def _started_otherwise(process: psutil.Process, identity: ProcessIdentity) -> bool:
-    """Is `process` (at identity's pid) another one than the process identity names? Its start time says."""
-    return abs(process.create_time() - identity.start_time) > START_TIME_TOLERANCE_S
+def _started_otherwise(identity: ProcessIdentity) -> bool:
+    """Is the process now at identity's pid another one than the process identity names? Its start time says."""
+    return not started_at(identity.pid, identity.start_time, START_TIME_TOLERANCE_S)
 
 
 def _zombie(pid: int) -> bool:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from sqlalchemy import select, update
 
@@ -26,6 +25,7 @@ from service.runs.manager import ExecutorUnavailable
 from service.settings import Settings
 from supervisor.executor import NO_RESOURCES, Resources, Usage
 from supervisor.local import Host, LocalExecutor, available_memory_gb
+from supervisor.start_time import start_time_of
 from tests.runs.conftest import wait_for_status
 from tests.support.live import Service, in_process_service
 from tests.support.reaper import process_alive
@@ -129,7 +129,7 @@ def slot_holder(run_settings: Callable[..., Settings], process_database_url: str
                     role="trainer",
                     pid=sleeper.pid,
                     pgid=sleeper.pid,
-                    start_time=psutil.Process(sleeper.pid).create_time(),
+                    start_time=start_time_of(sleeper.pid),
                     log_path=str(settings.data_path / "holder.log"),
                     status="running",
                 )

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psutil
 import pytest
 
 from service.db.engine import Database
 from service.db.models import Run, RunProcess
 from service.settings import Settings
+from supervisor.start_time import start_time_of
 from tests.runs.conftest import wait_for_status
 from tests.support.live import in_process_service
 from tests.support.reaper import process_alive
@@ -48,7 +48,7 @@ def test_runs_of_a_dead_replica_end_with_a_reason_and_its_processes_are_not_sign
                         role="trainer",
                         pid=foreign.pid,
                         pgid=foreign.pid,
-                        start_time=psutil.Process(foreign.pid).create_time(),
+                        start_time=start_time_of(foreign.pid),
                         status="running",
                     )
                 )

@@ -22,6 +22,7 @@ from supervisor.process import (
     identity_liveness,
     live_group_members,
 )
+from supervisor.start_time import start_time_of
 from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ def test_exit_codes_are_reported(tmp_path: Path, spawned: list) -> None:
 def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        real_start = psutil.Process(bystander.pid).create_time()
+        real_start = start_time_of(bystander.pid)
         # A record of "our" process whose pid now belongs to someone else: same pid, other start time.
         stale = ProcessIdentity(bystander.pid, bystander.pid, real_start - 1000)
         assert identity_liveness(stale) is Liveness.DEAD
@@ -109,12 +110,34 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
         bystander.wait()
 
 
+def test_a_process_is_recognised_after_the_wall_clock_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    process = SupervisedProcess.spawn(spec(tmp_path))
+    try:
+        identity = process.identity
+        epoch_record = psutil.Process(identity.pid).create_time()  # what an earlier version recorded
+        assert identity_liveness(ProcessIdentity(identity.pid, identity.pgid, epoch_record)) is Liveness.ALIVE, (
+            "a record of an earlier version is still read"
+        )
+        assert identity_liveness(ProcessIdentity(identity.pid, identity.pgid, epoch_record - 5)) is Liveness.DEAD
+        # The clock set 5 s ahead (a time sync, a virtual machine resumed): the boot time by the wall clock moves
+        # with it, and so does the create time psutil computes from it. The test cannot set the machine's clock,
+        # so it moves the boot time psutil reads instead.
+        booted = psutil.boot_time()
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: booted + 5)
+        assert psutil.Process(identity.pid).create_time() == pytest.approx(epoch_record + 5)
+        assert identity_liveness(identity) is Liveness.ALIVE, "recognised by its start since the boot"
+        process.terminate(grace_s=5)
+        assert process.poll() is not None and not live_group_members(identity.pgid), "signalled, and ended"
+    finally:
+        process.terminate(grace_s=5)
+
+
 def test_an_adopted_process_is_stopped_and_seen_to_end(tmp_path: Path) -> None:
     orphan = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_process"], cwd=REPO_ROOT, start_new_session=True
     )
     try:
-        identity = ProcessIdentity(orphan.pid, orphan.pid, psutil.Process(orphan.pid).create_time())
+        identity = ProcessIdentity(orphan.pid, orphan.pid, start_time_of(orphan.pid))
         adopted = SupervisedProcess.adopt("env", identity, tmp_path / "e.log")
         assert adopted.poll() is None
         # Its parent is the test, so reap it when it dies, as init would for a real orphan.
