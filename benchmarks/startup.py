@@ -1,13 +1,15 @@
 """Start-up benchmark: POST /runs -> `running` for an offline echo run on the local backend (issue 18).
 
-    .venv/bin/python benchmarks/startup.py [--repo PATH] [--together 10] [--first-after 0] [--fork-server both]
+    .venv/bin/python benchmarks/startup.py [--repo PATH] [--together 10] [--rounds 3] [--first-after 0]
+        [--fork-server both]
 
 A real `rlctl serve` of the checkout at --repo (default: this one; its .venv's Python) starts on a fresh data
 directory and SQLite. Then, one after another:
 - the first run, POSTed as soon as /readyz answers (after --first-after seconds): it includes whatever the
   service still has to do once (config schema, tiny model);
-- a later run, alone (the lone start);
-- --together runs POSTed at once: each one's POST -> running, and the slowest against the lone start.
+- then --rounds times: two later runs, each alone (the lone start: the median of all of them), and --together
+  runs POSTed at once: each one's POST -> running, the slowest against the lone start, and the CPU the whole
+  machine spent meanwhile (with two cores, the slowest cannot come sooner than half of it).
 Each run is stopped (and waited for) before the next measure. Prints the load average before and after; the
 goal is first and lone <= 6 s on an idle machine, and every run of the ten <= 2x the lone start. By default the
 service is measured twice, without the fork server (docs/RUNS.md#the-fork-server) and with it, with the ratios.
@@ -45,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout whose service is measured")
     parser.add_argument("--together", type=int, default=10, help="runs started at once")
+    parser.add_argument("--rounds", type=int, default=3, help="lone starts and starts together, measured again")
     parser.add_argument("--first-after", type=float, default=0.0, help="seconds between /readyz and the first POST")
     parser.add_argument(
         "--fork-server",
@@ -55,13 +58,13 @@ def main() -> None:
     args = parser.parse_args()
     repo = args.repo.resolve()
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.fork_server]
-    found = {mode: _measure(repo, mode, args.together, args.first_after) for mode in modes}
+    found = {mode: _measure(repo, mode, args.together, args.rounds, args.first_after) for mode in modes}
     if len(found) == 2:
         off, on = found[False], found[True]
         print("fork server on / off: " + "  ".join(f"{name} {on[name] / off[name]:.2f}x" for name in off))
 
 
-def _measure(repo: Path, fork_server: bool, together_count: int, first_after: float) -> dict[str, float]:
+def _measure(repo: Path, fork_server: bool, together_count: int, rounds: int, first_after: float) -> dict[str, float]:
     print(f"repo {repo}  RLCTL_FORK_SERVER={str(fork_server).lower()}  load before: {_load()}")
     ANSWERED.clear()
     CREATED.clear()
@@ -76,19 +79,38 @@ def _measure(repo: Path, fork_server: bool, together_count: int, first_after: fl
             f"first run  POST -> running:    {first:6.2f} s   (/readyz + {first_after:g} s; "
             f"the POST answered in {ANSWERED[0]:.2f} s)"
         )
-        lone = _start_and_stop(client)
-        print(f"later run  POST -> running:    {lone:6.2f} s   (the lone start; answered in {ANSWERED[1]:.2f} s)")
-        with ThreadPoolExecutor(together_count) as pool:
-            together = list(pool.map(lambda _: _to_running(client), range(together_count)))
-        for run_id, _ in together:
-            _retried(lambda run_id=run_id: client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}))
-        times = sorted(seconds for _, seconds in together)
+        lones: list[float] = []
+        slowest: list[float] = []
+        for _round in range(rounds):
+            lones += [_start_and_stop(client), _start_and_stop(client)]
+            busy_before = _machine_busy_s()
+            with ThreadPoolExecutor(together_count) as pool:
+                together = list(pool.map(lambda _: _to_running(client), range(together_count)))
+            busy = _machine_busy_s() - busy_before
+            for run_id, _ in together:
+                _retried(lambda run_id=run_id: client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}))
+            times = sorted(seconds for _, seconds in together)
+            slowest.append(times[-1])
+            print(
+                f"{together_count} together POST -> running: min {times[0]:.2f}  median "
+                f"{statistics.median(times):.2f}  max {times[-1]:.2f} s; the machine's CPU meanwhile {busy:.1f} s "
+                f"({busy / together_count:.2f} s a start; {os.cpu_count()} cores: no sooner than "
+                f"{busy / (os.cpu_count() or 1):.2f} s)"
+            )
+        lone = statistics.median(lones)
+        print(f"later runs POST -> running:    {lone:6.2f} s   (the lone start, median of {len(lones)})")
         print(
-            f"{together_count} together POST -> running: min {times[0]:.2f}  median {statistics.median(times):.2f}  "
-            f"max {times[-1]:.2f} s   slowest / lone: {times[-1] / lone:.2f}x"
+            f"slowest of {together_count} together, median of {rounds}: {statistics.median(slowest):.2f} s = "
+            f"{statistics.median(slowest) / lone:.2f}x the lone start"
         )
     print(f"load after: {_load()}")
-    return {"first": first, "lone": lone, "slowest_together": times[-1]}
+    return {"first": first, "lone": lone, "slowest_together": statistics.median(slowest)}
+
+
+def _machine_busy_s() -> float:
+    """CPU-seconds every core of the machine has spent busy (not idle, not waiting on I/O) since it booted."""
+    ticks = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _start_and_stop(client: httpx.Client) -> float:

@@ -4,9 +4,10 @@ It copies what an Atropos environment logs (`train/percent_correct`, `eval/perce
 append-only file in RLCTL_ENV_METRICS_PATH, so the control plane sees environment metrics with or without
 W&B. Any environment works unchanged: the hook wraps `BaseEnv.wandb_log`, which every environment reaches.
 
-The environment is started beside the run's Atropos API, not after it (docs/RUNS.md#process-order): with
-RLCTL_ENV_API_WAIT_S set, `BaseEnv.register_env` first waits up to that many seconds for the API to answer, so
-atroposlib's three quick registration attempts are never spent on an API that is still starting.
+The environment is started beside the run's Atropos API and trainer, not after them (docs/RUNS.md#process-order):
+with RLCTL_ENV_API_WAIT_S set, `BaseEnv.register_env` first waits up to that many seconds for the trainer to have
+registered with the API, so atroposlib's registration is never spent on an API that is still starting, and succeeds
+at once instead of answering "wait for trainer to start" and sleeping a second before it asks again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-API_PROBE_INTERVAL_S = 0.2
+API_PROBE_INTERVAL_S = 0.1
 
 
 def _install() -> None:
@@ -50,21 +51,24 @@ def _wait_for_the_api(base_env: Any) -> None:
     original = base_env.register_env
 
     async def register_env(self: Any) -> Any:
-        url = str(self.config.rollout_server_url).rstrip("/") + "/"
+        url = str(self.config.rollout_server_url).rstrip("/")
         deadline = time.monotonic() + wait_s
-        while not await asyncio.to_thread(_answers, url) and time.monotonic() < deadline:
+        while not await asyncio.to_thread(trainer_registered, url) and time.monotonic() < deadline:
             await asyncio.sleep(API_PROBE_INTERVAL_S)
         return await original(self)  # past the deadline too: atroposlib's own attempts then report it
 
     base_env.register_env = register_env
 
 
-def _answers(url: str) -> bool:
+def trainer_registered(api_url: str) -> bool:
+    """Whether a trainer has registered with the Atropos API at `api_url`: its `/info` then gives the trainer's
+    batch size instead of -1 (the trainer asks for its first batch right after, which lets environments in)."""
     try:
-        with urllib.request.urlopen(url, timeout=2.0) as response:  # noqa: S310 - the run's loopback API
-            return 200 <= response.status < 300
+        with urllib.request.urlopen(f"{api_url}/info", timeout=2.0) as response:  # noqa: S310 - the run's loopback API
+            info = json.loads(response.read() or b"{}")
     except (urllib.error.URLError, OSError, ValueError):
         return False
+    return isinstance(info, dict) and info.get("batch_size", -1) != -1
 
 
 def _guard_wandb_init() -> None:

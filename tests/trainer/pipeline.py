@@ -16,6 +16,7 @@ import httpx
 import yaml
 
 from service.children import process_fork_server
+from supervisor.envhooks.sitecustomize import trainer_registered
 from supervisor.process import ProcessSpec, SupervisedProcess
 from tests.support.live import free_port
 from tests.support.waiting import scaled
@@ -120,16 +121,33 @@ def processes() -> Iterator[Callable[..., Process]]:
             process.stop()
 
 
+def still_running(process: Process) -> None:
+    """Fails a wait at once, with the log's tail, when what it waits for has exited."""
+    if not process.alive:
+        raise AssertionError(f"{process.name} exited ({process.returncode}):\n{process.log_tail()}")
+
+
 def wait_http(url: str, process: Process, timeout_s: float) -> None:
     def answers() -> bool:
-        if not process.alive:
-            raise AssertionError(f"{process.name} exited ({process.returncode}):\n{process.log_tail()}")
+        still_running(process)
         try:
             return httpx.get(url, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     wait_for(answers, timeout_s, f"{url} to answer")
+
+
+def wait_registered(api_url: str, trainer: Process, timeout_s: float) -> None:
+    """Until the trainer has registered with the Atropos API at `api_url`. Groups posted before that are queued,
+    and atroposlib then skips the set-up of the registration (it makes its queue on either): the trainer would
+    never get a batch. An environment registers only after the trainer; a test posting groups itself waits."""
+
+    def registered() -> bool:
+        still_running(trainer)
+        return trainer_registered(api_url)
+
+    wait_for(registered, timeout_s, f"{trainer.name} to register with the API")
 
 
 def start_api(start: Callable[..., Process], run_dir: Path, port: int, environment: dict[str, str]) -> Process:

@@ -35,6 +35,7 @@ from tests.trainer.pipeline import (
     trainer_state,
     wait_for,
     wait_http,
+    wait_registered,
     write_run_yaml,
 )
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
@@ -137,7 +138,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
     with processes() as start:
         start_api(start, run_dir, api_port, environment)
         trainer = start_trainer(start, config, environment)
-        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+        wait_registered(api_url, trainer, 90)
 
         [created] = service.calls("create_model")
         assert created["base_model"] == "Qwen/Qwen3-8B"

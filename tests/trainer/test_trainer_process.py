@@ -23,6 +23,7 @@ from tests.trainer.pipeline import (
     trainer_state,
     wait_for,
     wait_http,
+    wait_registered,
     write_run_yaml,
 )
 
@@ -197,7 +198,7 @@ def test_a_collapse_is_flagged_and_stop_on_collapse_ends_the_run_keeping_the_bes
     with processes() as start:
         start_api(start, run_dir, api_port, environment)
         trainer = start_trainer(start, config, environment)
-        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+        wait_registered(api_url, trainer, 90)
         for step, level in enumerate(levels, start=1):  # one batch per step, in order
             for _ in range(BATCH_SIZE // GROUP_SIZE):
                 httpx.post(

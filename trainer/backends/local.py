@@ -79,6 +79,15 @@ def _microbatches(data: Sequence[TrainingDatum]) -> list[list[int]]:
     return groups
 
 
+def warm_up() -> None:
+    """What every local backend's start does alike, done once where its processes are forked from (the fork
+    server's preload, supervisor/forkserver.py): transformers builds its table of checkpoint conversions at the
+    first model load, compiling about a thousand regular expressions, half of a trainer's start-up CPU."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    get_checkpoint_conversion_mapping(None)
+
+
 class LocalBackend(TrainingBackend):
     name = "local"
 
