@@ -424,16 +424,22 @@ def _forward(pipe: int) -> None:
 
 
 def _watch_shim(pipe: int, stop: Callable[[], None], lost: Callable[[], None], done: threading.Event) -> None:
-    """A byte: a stop (SIGTERM to the job, e.g. Ray's stop_job). End of file: the shim died without one."""
+    """A byte: a stop (SIGTERM to the job, e.g. Ray's stop_job). End of file: the shim died without one. After a
+    stop, the shim's death is no loss and the run ends `stopped`, as asked (Ray SIGKILLs the shim when the stop
+    outlasts the job's RAY_JOB_STOP_WAIT_TIME_S)."""
+    stop_asked = False
     while not done.is_set():
         try:
             data = os.read(pipe, 1)
         except InterruptedError:
             continue
         if data:
+            stop_asked = True
             stop()
             continue
-        if not done.is_set():
+        if stop_asked:
+            logger.info("the job's entrypoint is gone after a stop; the stop goes on")
+        elif not done.is_set():
             logger.warning("the job's entrypoint is gone without a stop: Ray lost this run's job; stopping the run")
             lost()
         return

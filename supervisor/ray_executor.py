@@ -284,7 +284,7 @@ class RayExecutor(Executor):
         status = str(getattr(info.status, "value", info.status))
         if status not in TERMINAL_JOB_STATES:
             node_id = getattr(info, "driver_node_id", None)
-            if status != "RUNNING" or not node_id or self._node_alive(node_id):
+            if status != "RUNNING" or not node_id or not self._node_dead(node_id):
                 return None
             message = f"Ray reports the node of job {watched.submission_id} ({node_id}) dead"
         else:
@@ -330,9 +330,11 @@ class RayExecutor(Executor):
         self._nodes = (time.monotonic(), nodes)
         return nodes
 
-    def _node_alive(self, node_id: str) -> bool:
+    def _node_dead(self, node_id: str) -> bool:
+        """Ray lists the node as dead (it keeps dead nodes listed). A node missing from the answer is not taken
+        for dead: a loaded cluster's state API may answer with part of its nodes."""
         self._nodes = (0.0, self._nodes[1])  # asked about a job's node: read it fresh
-        return any(node.node_id == node_id and node.alive for node in self.nodes())
+        return any(node.node_id == node_id and not node.alive for node in self.nodes())
 
     def _alive(self) -> list[Node]:
         try:
