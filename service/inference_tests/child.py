@@ -11,6 +11,9 @@ only watches, through two hooks:
 - every scored group handed to `handle_send_to_api` is recorded before atroposlib's own filters, so a group of
   equal scores still counts.
 
+It also leaves out the HTML page of the groups that `process` mode renders at its end (its markdown was a seventh
+of a model's CPU): the groups reach the parent through the recorder, and the work directory is deleted.
+
 RECORDS_JSONL gets one line per step, `{"step", "scores", "completions", "latencies_s", "messages"}`, then one
 last line `{"event": "finished"}` or `{"event": "error", "kind", "message"}`. The key reaches this process
 only as OPENAI_API_KEY in its environment (the YAML names none); the parent scrubs everything printed here.
@@ -127,6 +130,10 @@ def install_hooks(env_class: type[Any], recorder: Recorder) -> None:
         return await original_send(self, scored_data, *args, **kwargs)
 
     env_class.handle_send_to_api = observed_send
+
+    import atroposlib.envs.base as atropos_base
+
+    atropos_base.generate_html = lambda *args, **kwargs: None
 
 
 def _rejection(error: Any, model: str | None) -> str:

@@ -42,6 +42,8 @@ logger = logging.getLogger("rlctl.inference_tests")
 KIND = "inference_test"
 WAIT_INTERVAL_S = 0.25
 STOP_GRACE_S = 5.0
+# How long the output may stay open once the child has ended (its last lines still being read).
+OUTPUT_END_WAIT_S = 30.0
 
 
 def output_directory(settings: Settings) -> Path:
@@ -127,14 +129,17 @@ class ProgressTracker:
             if self._done[model] == done:
                 return
             self._done[model] = done
-            value = progress_done(self._done, self._ended, self._num_steps)
-        self._handle.progress(value, self.total, force=True)
+            self._write()
 
     def ended(self, model: str) -> None:
         with self._lock:
             self._ended.add(model)
-            value = progress_done(self._done, self._ended, self._num_steps)
-        self._handle.progress(value, self.total, force=True)
+            self._write()
+
+    def _write(self) -> None:
+        # Under the lock: the models' threads write in the order they counted, so a smaller count computed
+        # earlier never lands after a larger one (the job once ended `succeeded` at 4 of 6).
+        self._handle.progress(progress_done(self._done, self._ended, self._num_steps), self.total, force=True)
 
 
 class RecordReader:
@@ -169,10 +174,13 @@ class RecordReader:
 
 
 def pump_output(stream: IO[bytes], log: IO[str], scrub: Callable[[str], str]) -> None:
-    """Copy the child's output into the log, line by line, with every secret scrubbed."""
-    for raw in iter(stream.readline, b""):
-        log.write(scrub(raw.decode("utf-8", errors="replace")))
-        log.flush()
+    """Copy the child's output into the log, line by line, with every secret scrubbed, until its end; then close
+    it. Output that comes after the model's log was closed (by a process that outlived the child's group) is
+    dropped."""
+    with stream, contextlib.suppress(ValueError):  # written to a closed log
+        for raw in iter(stream.readline, b""):
+            log.write(scrub(raw.decode("utf-8", errors="replace")))
+            log.flush()
 
 
 def job_kinds() -> tuple[JobKind, ...]:
@@ -303,8 +311,14 @@ class ModelRun:
         finally:
             # Whatever happened here (a time-out, a cancel, an error of ours), the child does not outlive it.
             status = process.terminate(grace_s=STOP_GRACE_S)
-            pump.join(timeout=30)
-            output.close()
+            pump.join(timeout=OUTPUT_END_WAIT_S)
+            if pump.is_alive():  # left to end with the last writer: closing a stream being read waits for the read
+                logger.warning(
+                    "inference test %s: the output of model %s was still open %g s after its process group ended",
+                    self.plan.job_id,
+                    self.model,
+                    OUTPUT_END_WAIT_S,
+                )
         return stop_reason, status.describe() if status else "ended"
 
     def _wait(self, process: SupervisedProcess) -> str | None:

@@ -3,7 +3,10 @@ model failing alone (time-out, malformed answers), cancel, a service restart, an
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from service.inference_tests import jobs
 from service.settings import Settings
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.inference_tests.test_inference_tests_e2e import stored_jobs, wait_ended
@@ -152,6 +156,35 @@ def test_secrets_printed_or_raised_by_the_environment_are_scrubbed(
     assert PLANTED_KEY not in json.dumps(test) and PLANTED_KEY not in stored_jobs(settings)
 
 
+@pytest.mark.e2e
+def test_a_process_that_keeps_the_output_open_does_not_hold_up_the_test(
+    inference_settings: Callable[..., Settings], endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The child's output is a pipe: a process outside the child's group that keeps its writing end (here one in a
+    # session of its own) keeps it open after the group is gone. Waiting for its end would wait for that process.
+    monkeypatch.setattr(jobs, "OUTPUT_END_WAIT_S", 1.0)
+    extra = tmp_path / "extra-environments"
+    extra.mkdir()
+    holder_pid = tmp_path / "holder.pid"
+    (extra / "holds_output.py").write_text(holds_output_environment(holder_pid))
+    settings = inference_settings(environment_dirs=str(extra))
+    try:
+        with in_process_service(settings) as live, live.client() as client:
+            body = {"environment": "holds_output", "num_steps": 1, "group_size": 2, "models": [SERVED_MODELS[0]]}
+            created = client.post("/inference-tests", json={**body, "base_url": endpoint})
+            assert created.status_code == 202, created.text
+            test = wait_ended(client, created.json()["id"])
+            assert holder_pid.exists(), json.dumps(test)[:3000]
+            holder = int(holder_pid.read_text())
+            assert psutil.pid_exists(holder), "the job ended while the process holding its output still ran"
+        outcome = test["result"]["models_tested"][0]
+        assert outcome["status"] == "failed" and "leaving a process behind" in outcome["error"]
+    finally:
+        if holder_pid.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(holder_pid.read_text()), signal.SIGKILL)
+
+
 def child_processes(settings: Settings) -> list[int]:
     marker = str(settings.data_path)
     pids = []
@@ -162,42 +195,67 @@ def child_processes(settings: Settings) -> list[int]:
     return pids
 
 
-LEAKY_ENVIRONMENT = textwrap.dedent(
-    '''
-    """Prints the endpoint's key, then fails with it in the message."""
+def environment_failing_in_setup(name: str, imports: str, setup: str) -> str:
+    """The source of an environment `name` whose `setup` runs `setup` (lines of code) and fails: what it does before
+    the failure is what a test is about."""
+    body = textwrap.indent(textwrap.dedent(setup).strip(), " " * 8)
+    return textwrap.dedent(
+        f'''
+        """An environment that fails in its setup."""
 
-    import os
+        {imports}
 
-    from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
-
-
-    class LeakyEnv(BaseEnv):
-        """An environment that leaks its key."""
-
-        name = "leaky"
-
-        @classmethod
-        def config_init(cls):
-            config = BaseEnvConfig(tokenizer_name="unused", group_size=2, use_wandb=False, wandb_name="leaky")
-            server = APIServerConfig(model_name="x", base_url="http://127.0.0.1:1/v1", server_type="openai")
-            return config, [server]
-
-        async def setup(self):
-            key = os.environ["OPENAI_API_KEY"]
-            print("the key is", key, flush=True)
-            raise RuntimeError(f"refusing to run with key {key}")
-
-        async def get_next_item(self):
-            return None
-
-        async def collect_trajectories(self, item):
-            return None, []
-
-        async def evaluate(self, *args, **kwargs):
-            return None
+        from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 
 
-    if __name__ == "__main__":
-        LeakyEnv.cli()
-    '''
+        class FailingEnv(BaseEnv):
+            name = "{name}"
+
+            @classmethod
+            def config_init(cls):
+                config = BaseEnvConfig(tokenizer_name="unused", group_size=2, use_wandb=False, wandb_name="{name}")
+                server = APIServerConfig(model_name="x", base_url="http://127.0.0.1:1/v1", server_type="openai")
+                return config, [server]
+
+            async def setup(self):
+        SETUP
+
+            async def get_next_item(self):
+                return None
+
+            async def collect_trajectories(self, item):
+                return None, []
+
+            async def evaluate(self, *args, **kwargs):
+                return None
+
+
+        if __name__ == "__main__":
+            FailingEnv.cli()
+        '''
+    ).replace("\nSETUP\n", f"\n{body}\n")  # the line at the margin of the dedented text
+
+
+# Prints the endpoint's key, then fails with it in the message.
+LEAKY_ENVIRONMENT = environment_failing_in_setup(
+    "leaky",
+    "import os",
+    """
+    key = os.environ["OPENAI_API_KEY"]
+    print("the key is", key, flush=True)
+    raise RuntimeError(f"refusing to run with key {key}")
+    """,
 )
+
+
+def holds_output_environment(pid_file: Path) -> str:
+    """Starts a process in a session of its own that keeps stdout open (its pid in `pid_file`), then fails."""
+    return environment_failing_in_setup(
+        "holds_output",
+        "import subprocess, sys",
+        f"""
+        holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        open({str(pid_file)!r}, "w").write(str(holder.pid))
+        raise RuntimeError("leaving a process behind")
+        """,
+    )
