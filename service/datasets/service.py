@@ -44,7 +44,7 @@ from service.datasets.schemas import (
     UploadOptions,
 )
 from service.datasets.store import DatasetStore, read_page
-from service.datasets.tokenizers import load_counter, resolve_tokenizer
+from service.datasets.tokenizers import load_counter, resolve_tokenizer, run_tokenizer_dir
 from service.datasets.uploads import ByteStream, UndecodableUpload, upload_items
 from service.db.models import Dataset, Job, Run
 from service.db.rows import load_row
@@ -328,7 +328,9 @@ def summary_endpoint(ctx: AppContext) -> tuple[str, str] | None:
 
 
 def open_datasets(ctx: AppContext) -> None:
-    """At start-up, before jobs resume: remove what a crash left behind (never what a live job will need)."""
+    """At start-up, before jobs resume: remove what a crash left behind (never what a live job will need), and
+    look up the run tokenizer."""
+    run_tokenizer_dir(ctx.settings)
     with ctx.db.session() as session:
         jobs = _unfinished_dataset_jobs(session)
         keep = {job.id for job in jobs} | {str(job.params.get("output_id")) for job in jobs}

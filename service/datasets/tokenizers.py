@@ -73,9 +73,9 @@ def resolve_tokenizer(settings: Settings, name: str | None) -> str:
     """The canonical name a request's tokenizer resolves to; raises UnknownTokenizer. Cheap: loads nothing."""
     chosen = name or settings.dataset_tokenizer
     if chosen is None:
-        return RUN if _run_tokenizer_dir(settings) is not None else APPROX
+        return RUN if run_tokenizer_dir(settings) is not None else APPROX
     validate_name(chosen, "tokenizer name")
-    if chosen in (APPROX, TINY) or (chosen == RUN and _run_tokenizer_dir(settings) is not None):
+    if chosen in (APPROX, TINY) or (chosen == RUN and run_tokenizer_dir(settings) is not None):
         return chosen
     if _named_dir(settings, chosen) is not None:
         return chosen
@@ -92,7 +92,7 @@ def load_counter(settings: Settings, resolved: str) -> TokenCounter:
         from trainer.tiny_model import init_tiny_model  # builds locally, once; no download
 
         return HuggingFaceTokenCounter(init_tiny_model(settings.tiny_model_dir))
-    directory = _run_tokenizer_dir(settings) if resolved == RUN else _named_dir(settings, resolved)
+    directory = run_tokenizer_dir(settings) if resolved == RUN else _named_dir(settings, resolved)
     if directory is None:
         raise UnknownTokenizer(f"tokenizer {resolved!r} is no longer available", {"tokenizer": resolved})
     return HuggingFaceTokenCounter(directory)
@@ -113,8 +113,9 @@ def _is_tokenizer_dir(path: Path) -> bool:
 _run_dirs: dict[str, Path | None] = {}
 
 
-def _run_tokenizer_dir(settings: Settings) -> Path | None:
-    """The run tokenizer's directory in the local Hugging Face cache, or None (never downloads)."""
+def run_tokenizer_dir(settings: Settings) -> Path | None:
+    """The run tokenizer's directory in the local Hugging Face cache, or None (never downloads). Looked up once per
+    process; the service does it at start-up (docs/DATASETS.md#tokenizers says why)."""
     model = settings.tokenizer_name
     if model not in _run_dirs:
         try:

@@ -94,6 +94,7 @@ class JobRunner:
         self._lock = threading.Lock()
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
+        self._closing = False
 
     def register(self, kind: JobKind) -> None:
         self._kinds[kind.name] = kind
@@ -105,6 +106,7 @@ class JobRunner:
     def close(self) -> None:
         """Ask running jobs to stop; the next start resumes or fails them (never left running)."""
         with self._lock:
+            self._closing = True
             handles = list(self._handles.values())
         for handle in handles:
             handle.request_cancel()
@@ -175,6 +177,8 @@ class JobRunner:
         handle = JobHandle(self, job_id, params, resumed)
         with self._lock:
             self._handles[job_id] = handle
+            if self._closing:  # claimed (`running`) before close() looked for running jobs: asked to stop as they are
+                handle.request_cancel()
         try:
             result = self._kinds[kind].handler(self.ctx, handle)
         except JobCancelled:

@@ -6,12 +6,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 
+from service.jobs import runner as runner_module
 from service.jobs.runner import JobFailed, JobHandle, JobKind
 from service.settings import Settings
 from tests.support.live import in_process_service
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 
 release = threading.Event()
 
@@ -98,3 +100,32 @@ def test_a_restart_fails_jobs_that_cannot_resume(make_settings: Callable[..., Se
         job = client.get(f"/jobs/{job_id}").json()
         assert job["status"] == "failed"
         assert "restarted" in job["error"]
+
+
+def test_a_job_claimed_while_the_service_closes_is_asked_to_stop_too(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job is `running` in the database a moment before the runner holds its handle. The close of a service that
+    # looked for running jobs in that moment must still reach it, or the close waits for the whole job.
+    release.clear()
+    claimed, looked = threading.Event(), threading.Event()
+
+    class LateHandle(JobHandle):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            claimed.set()
+            looked.wait(timeout=scaled(30))  # held until close() has looked for running jobs
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "JobHandle", LateHandle)
+    settings = make_settings()
+    with in_process_service(settings, lambda app: register(app, resumable=False)) as live:
+        jobs = live.app.state.context.jobs
+        job_id = jobs.submit("test_count", {"count": 4, "pause_at": 2})
+        wait_until(claimed.is_set, timeout=30, message="the job claimed")
+        pool = jobs._pool  # close() waits for its threads right after it has looked for running jobs
+        wait_for_threads = pool.shutdown
+        monkeypatch.setattr(pool, "shutdown", lambda **kwargs: (looked.set(), wait_for_threads(**kwargs)))
+    monkeypatch.undo()
+    with in_process_service(settings, lambda app: register(app, resumable=False)) as live, live.client() as client:
+        job = client.get(f"/jobs/{job_id}").json()
+    assert job["status"] == "failed" and "restarted" in job["error"], job
