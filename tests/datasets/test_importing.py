@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.datasets.realdata import EXPECTED_FILES, import_file
@@ -297,6 +297,7 @@ json_values = st.recursive(
 
 @settings(max_examples=500, deadline=None)
 @given(json_values, st.sampled_from(["auto", *FORMATS]))
+@example({"history": [{"action": []}]}, "openhands")  # once found: an unhashable action was looked up in a set
 def test_any_json_item_gives_a_record_or_an_error_never_an_exception(value, fmt) -> None:
     outcome = import_item(RawItem(1, value), fmt)
     assert isinstance(outcome, ImportedRecord | ItemError)
@@ -342,3 +343,11 @@ def test_a_batch_runner_record_of_chat_messages_is_a_clear_error() -> None:
     item = {**BATCH_RUNNER_RECORD, "trajectory": [{"role": "user", "content": "x"}]}
     [error] = errors_of([json.dumps(item)], fmt="batch_runner")
     assert error.code == "INVALID_RECORD" and error.path == "trajectory[0]"
+
+
+def test_an_openhands_action_that_is_not_a_string_is_an_invalid_record() -> None:
+    outcome = import_item(
+        RawItem(4, {"history": [{"action": "system", "content": "hi"}, {"action": ["run"]}]}), "openhands"
+    )
+    assert isinstance(outcome, ItemError)
+    assert (outcome.code, outcome.path, outcome.line) == ("INVALID_RECORD", "history[1].action", 4), outcome

@@ -37,7 +37,9 @@ def import_openhands(item: Any) -> TrajectoryRecord:
         if "observation" in event:
             _add_observation(builder, event, path)
         elif "action" in event:
-            finished |= event.get("action") == "finish"
+            if not isinstance(event["action"], str):
+                raise ConversionError(INVALID_RECORD, "an event's action must be a string", f"{path}.action")
+            finished |= event["action"] == "finish"
             _add_action(builder, event, seen_responses, path)
     return TrajectoryRecord(
         turns=builder.build(),
