@@ -34,8 +34,9 @@ run: install
 # Two workers: most of the suite's time is spent waiting on processes it started, not on its own CPU.
 TEST_WORKERS ?= 2
 
+# The slowest tests are listed at the end of the run (what a slow machine's run needs to be read).
 test: install lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15
 
 $(SKYRL_STAMP): $(SKYRL_LOCK)
 	@test -n "$(SKYRL_PYTHON)" || { echo "SkyRL needs Python 3.12: put python3.12 on PATH or set SKYRL_PYTHON"; exit 1; }
