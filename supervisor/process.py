@@ -130,14 +130,15 @@ class SupervisedProcess:
 
     @classmethod
     def spawn_piped(
-        cls, spec: ProcessSpec, fork_server: ForkServer | None = None
+        cls, spec: ProcessSpec, fork_server: ForkServer | None = None, give_up: Callable[[], bool] | None = None
     ) -> tuple[SupervisedProcess, IO[bytes]]:
         """As `spawn`, but stdout and stderr go to one pipe whose reading end the caller gets (to scrub what it
-        writes to the log itself); a fork's exit is still recorded beside `spec.log_path`."""
+        writes to the log itself); a fork's exit is still recorded beside `spec.log_path`. `give_up`: asked while
+        the fork server starts in another thread (seconds of imports); True starts the process itself at once."""
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         read_end, write_end = os.pipe()
         try:
-            process = cls._fork(spec, fork_server, log=False, stdio=(write_end, write_end))
+            process = cls._fork(spec, fork_server, log=False, stdio=(write_end, write_end), give_up=give_up)
             if process is None:
                 process = cls._start(spec, write_end)
         except BaseException:
@@ -149,7 +150,12 @@ class SupervisedProcess:
 
     @classmethod
     def _fork(
-        cls, spec: ProcessSpec, fork_server: ForkServer | None, log: bool, stdio: tuple[int, ...]
+        cls,
+        spec: ProcessSpec,
+        fork_server: ForkServer | None,
+        log: bool,
+        stdio: tuple[int, ...],
+        give_up: Callable[[], bool] | None = None,
     ) -> SupervisedProcess | None:
         if fork_server is None or not runnable(spec.argv, sys.executable):
             return None
@@ -157,7 +163,7 @@ class SupervisedProcess:
             return None
         log_path = str(spec.log_path) if log else None
         request = LaunchRequest(spec.argv, spec.env, str(spec.cwd), log_path, str(exit_path(spec.log_path)))
-        if (forked := fork_server.launch(request, stdio)) is None:
+        if (forked := fork_server.launch(request, stdio, give_up)) is None:
             return None
         pid, start_time = forked
         return cls(spec.role, ProcessIdentity(pid, pid, start_time), spec.log_path, None, forked=True)

@@ -301,13 +301,20 @@ class ModelRun:
             cwd=self.work,
             log_path=Path(log.name),
         )
-        # its own process group: a time-out kills everything it started
-        process, output = SupervisedProcess.spawn_piped(spec, self.ctx.children.fork_server)
+        deadline = time.monotonic() + self.plan.timeout_s
+        # A fork server still starting (seconds of imports) is waited for within the time-out and until a cancel;
+        # past either, the child is started by itself, and ended at once below. Its own process group: a time-out
+        # kills everything it started.
+        process, output = SupervisedProcess.spawn_piped(
+            spec,
+            self.ctx.children.fork_server,
+            give_up=lambda: self.handle.cancelled or time.monotonic() >= deadline,
+        )
         pump = threading.Thread(target=pump_output, args=(output, log, self.scrub), daemon=True)
         pump.start()
         stop_reason = None
         try:
-            stop_reason = self._wait(process)
+            stop_reason = self._wait(process, deadline)
         finally:
             # Whatever happened here (a time-out, a cancel, an error of ours), the child does not outlive it.
             status = process.terminate(grace_s=STOP_GRACE_S)
@@ -321,8 +328,7 @@ class ModelRun:
                 )
         return stop_reason, status.describe() if status else "ended"
 
-    def _wait(self, process: SupervisedProcess) -> str | None:
-        deadline = time.monotonic() + self.plan.timeout_s
+    def _wait(self, process: SupervisedProcess, deadline: float) -> str | None:
         while process.poll() is None:
             time.sleep(WAIT_INTERVAL_S)  # the child is polled, as the run supervisor polls its processes
             self.reader.read()

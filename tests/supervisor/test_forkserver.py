@@ -383,6 +383,41 @@ def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
     assert started == [True] and not forked_marker.exists(), "nothing is forked for a closed runner"
 
 
+def test_a_caller_that_gives_up_on_a_starting_server_starts_its_process_itself(tmp_path: Path) -> None:
+    """An inference-test model waits for the server's start no longer than its time-out or a cancel."""
+    release, starts = tmp_path / "release", tmp_path / "starts"
+    (tmp_path / "slow_import.py").write_text(
+        f"import os, time\nopen({str(starts)!r}, 'a').write('x')\n"
+        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\n"
+    )
+    slow = ForkServer(["slow_import"], {**os.environ, "PYTHONPATH": str(tmp_path)}, ready_timeout_s=scaled(300))
+    starting = threading.Thread(target=slow.start, daemon=True)
+    starting.start()
+    script = tmp_path / "child.py"
+    script.write_text("print('ran', flush=True)\n")
+    spec = ProcessSpec("piped", [sys.executable, str(script)], dict(os.environ), tmp_path, tmp_path / "piped.log")
+    gave_up = threading.Event()
+    spawned: list[tuple[SupervisedProcess, object]] = []
+    try:
+        wait_until(starts.exists, timeout=60, message="the server importing")
+        waiting = threading.Thread(
+            target=lambda: spawned.append(SupervisedProcess.spawn_piped(spec, slow, give_up=gave_up.is_set)),
+            daemon=True,
+        )
+        waiting.start()
+        wait_until(lambda: slow._lock.locked() and waiting.is_alive(), timeout=30, message="a launch waiting")
+        gave_up.set()
+        wait_until(lambda: not waiting.is_alive(), timeout=30, message="the launch giving up during the import")
+        [(process, output)] = spawned
+        with output:
+            assert output.read() == b"ran\n", "started by itself, its output piped back"
+        assert ended(process) == ExitStatus(code=0) and not exit_path(spec.log_path).exists(), "not forked"
+    finally:
+        release.touch()
+        starting.join(timeout=scaled(300))
+        close_and_wait(slow)
+
+
 def test_a_server_that_hangs_at_start_is_ended_and_processes_are_started_as_before(tmp_path: Path) -> None:
     starts = tmp_path / "starts"
     (tmp_path / "hangs_at_import.py").write_text(
