@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
@@ -343,63 +344,62 @@ def test_a_server_started_to_die_with_its_parent_takes_its_forks_with_it(tmp_pat
         parent.wait(timeout=scaled(30))
 
 
-def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
-    """A service stopping while its fork server still imports (seconds at its start) neither waits for the import
-    nor forks anything once the server is ready."""
+@contextlib.contextmanager
+def server_held_in_its_import(tmp_path: Path) -> Iterator[tuple[ForkServer, list[bool]]]:
+    """A server whose start another thread has begun and that is importing (as a service's is, seconds at its
+    start), until the block ends; then it is let finish and closed. Yields it and what its `start` returned."""
     release, starts = tmp_path / "release", tmp_path / "starts"
     (tmp_path / "slow_import.py").write_text(
         f"import os, time\nopen({str(starts)!r}, 'a').write('x')\n"
         f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\n"
     )
     slow = ForkServer(["slow_import"], {**os.environ, "PYTHONPATH": str(tmp_path)}, ready_timeout_s=scaled(300))
-    children = ChildRunner(slow)
     started: list[bool] = []
     starting = threading.Thread(target=lambda: started.append(slow.start()), daemon=True)
     starting.start()
-    wait_until(starts.exists, timeout=60, message="the server importing")
+    try:
+        wait_until(starts.exists, timeout=60, message="the server importing")
+        yield slow, started
+    finally:
+        release.touch()
+        starting.join(timeout=scaled(300))
+        close_and_wait(slow)
+
+
+def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
+    """A service stopping while its fork server still imports (seconds at its start) neither waits for the import
+    nor forks anything once the server is ready."""
     forked_marker, script = tmp_path / "forked", tmp_path / "child.py"
     script.write_text(f"open({str(forked_marker)!r}, 'w')\n")
     refused: list[BaseException] = []
+    with server_held_in_its_import(tmp_path) as (slow, started):
+        children = ChildRunner(slow)
 
-    def run_child() -> None:
-        try:
-            children.run([sys.executable, str(script)], env=dict(os.environ), cwd=tmp_path, timeout_s=600)
-        except BaseException as error:  # noqa: BLE001 - the test looks at what it was
-            refused.append(error)
+        def run_child() -> None:
+            try:
+                children.run([sys.executable, str(script)], env=dict(os.environ), cwd=tmp_path, timeout_s=600)
+            except BaseException as error:  # noqa: BLE001 - the test looks at what it was
+                refused.append(error)
 
-    waiting = threading.Thread(target=run_child, daemon=True)
-    waiting.start()
-    closing = threading.Thread(target=children.close, daemon=True)
-    try:
+        waiting = threading.Thread(target=run_child, daemon=True)
+        waiting.start()
+        closing = threading.Thread(target=children.close, daemon=True)
         wait_until(lambda: slow._lock.locked() and waiting.is_alive(), timeout=30, message="a child waiting")
         closing.start()
         wait_until(lambda: not closing.is_alive(), timeout=30, message="close() returning during the import")
         wait_until(lambda: not waiting.is_alive(), timeout=30, message="the waiting child giving up")
         assert len(refused) == 1 and isinstance(refused[0], ChildProcessError), refused
-    finally:
-        release.touch()
-        starting.join(timeout=scaled(300))
-        close_and_wait(slow)
     assert started == [True] and not forked_marker.exists(), "nothing is forked for a closed runner"
 
 
 def test_a_caller_that_gives_up_on_a_starting_server_starts_its_process_itself(tmp_path: Path) -> None:
     """An inference-test model waits for the server's start no longer than its time-out or a cancel."""
-    release, starts = tmp_path / "release", tmp_path / "starts"
-    (tmp_path / "slow_import.py").write_text(
-        f"import os, time\nopen({str(starts)!r}, 'a').write('x')\n"
-        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\n"
-    )
-    slow = ForkServer(["slow_import"], {**os.environ, "PYTHONPATH": str(tmp_path)}, ready_timeout_s=scaled(300))
-    starting = threading.Thread(target=slow.start, daemon=True)
-    starting.start()
     script = tmp_path / "child.py"
     script.write_text("print('ran', flush=True)\n")
     spec = ProcessSpec("piped", [sys.executable, str(script)], dict(os.environ), tmp_path, tmp_path / "piped.log")
     gave_up = threading.Event()
-    spawned: list[tuple[SupervisedProcess, object]] = []
-    try:
-        wait_until(starts.exists, timeout=60, message="the server importing")
+    spawned: list[tuple[SupervisedProcess, IO[bytes]]] = []
+    with server_held_in_its_import(tmp_path) as (slow, _):
         waiting = threading.Thread(
             target=lambda: spawned.append(SupervisedProcess.spawn_piped(spec, slow, give_up=gave_up.is_set)),
             daemon=True,
@@ -412,10 +412,6 @@ def test_a_caller_that_gives_up_on_a_starting_server_starts_its_process_itself(t
         with output:
             assert output.read() == b"ran\n", "started by itself, its output piped back"
         assert ended(process) == ExitStatus(code=0) and not exit_path(spec.log_path).exists(), "not forked"
-    finally:
-        release.touch()
-        starting.join(timeout=scaled(300))
-        close_and_wait(slow)
 
 
 def test_a_server_that_hangs_at_start_is_ended_and_processes_are_started_as_before(tmp_path: Path) -> None:
