@@ -94,7 +94,7 @@ DIE_WITH_PARENT_FLAG = "--die-with-parent"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # How long a request's answer may take (a fork takes milliseconds): past it the server is killed (ForkServer._abandon).
 ANSWER_TIMEOUT_S = 60.0
-# How often a launch waiting for another thread's start of the server asks whether to give up.
+# How often a launch waiting for the server's start (its own or another thread's) asks whether to give up.
 GIVE_UP_POLL_S = 0.1
 
 
@@ -166,7 +166,8 @@ class ForkServer:
     """The service's side: the server is started on first use (or by `start`), and asked one request at a time.
 
     Any failure (it cannot start, it died, it cannot fork) answers None, and the caller spawns the process itself;
-    the next request starts a new server.
+    the next request starts a new server. A start that its caller gave up on goes on: the next request waits for the
+    rest of it.
     """
 
     def __init__(
@@ -188,6 +189,8 @@ class ForkServer:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen | None = None
+        self._ready = False  # the server behind _sock has said it is ready (its imports done)
+        self._start_began = 0.0
         self._failed_start_at: float | None = None
         self.preload_failures: list[str] = []  # of the running server: what each fork imports or does itself
 
@@ -200,13 +203,13 @@ class ForkServer:
     ) -> tuple[int, float] | None:
         """The forked process's pid and start time, or None. `stdio`: its stdout and stderr, for a request
         without a log, and optionally its stdin (the caller keeps and closes its own copies). `give_up`: asked
-        while another thread starts the server (seconds of imports); True answers None at once (a service that is
-        closing waits for no start)."""
+        while the server starts, in this thread or another (seconds of imports); True answers None at once (a
+        service that is closing waits for no start; an inference-test model, no longer than its time-out)."""
         while not self._lock.acquire(timeout=GIVE_UP_POLL_S):
             if give_up is not None and give_up():
                 return None
         try:
-            if not self._connected():
+            if not self._connected(give_up):
                 return None
             assert self._sock is not None
             try:
@@ -230,21 +233,23 @@ class ForkServer:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None and self._process.poll() is None else None
 
-    def _connected(self) -> bool:
-        if self._sock is not None and self._process is not None and self._process.poll() is None:
-            return True
-        self._disconnect()
-        failed_at = self._failed_start_at
-        if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_FAILED_START_S:
-            return False
-        if not self._start_server():
-            self._failed_start_at = time.monotonic()
-            return False
-        self._failed_start_at = None
-        return True
+    def _connected(self, give_up: Callable[[], bool] | None = None) -> bool:
+        """A ready server, started (or its start waited for) if need be; False when there is none to ask now."""
+        if self._sock is None or self._process is None or self._process.poll() is not None:
+            if self._sock is not None and not self._ready:  # a start given up on, and the server died since
+                self._start_failed()
+                return False
+            self._disconnect()
+            failed_at = self._failed_start_at
+            if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_FAILED_START_S:
+                return False
+            if not self._spawn_server():
+                self._failed_start_at = time.monotonic()
+                return False
+        return self._ready or self._await_ready(give_up)
 
-    def _start_server(self) -> bool:
-        started = time.monotonic()
+    def _spawn_server(self) -> bool:
+        self._start_began = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             flags = [DIE_WITH_PARENT_FLAG] if self.dies_with_parent else []
@@ -266,25 +271,46 @@ class ForkServer:
         finally:
             theirs.close()
         self._sock = ours
-        ours.settimeout(self._ready_timeout_s)
-        try:
-            ready = self._read_ready(ours.recv(MAX_MESSAGE))
-        except (OSError, ValueError):
-            ready = False
-        if not ready:  # it died, or hangs importing: it forked nothing, so nothing of it is kept
-            logger.warning(
-                "the fork server did not start (%s after %.1f s): processes are started without it for %g s",
-                "exited" if self._process.poll() is not None else "not ready",
-                time.monotonic() - started,
-                RETRY_AFTER_FAILED_START_S,
-            )
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
-            self._disconnect()
-            return False
-        ours.settimeout(self._answer_timeout_s)
+        self._ready = False
         return True
+
+    def _await_ready(self, give_up: Callable[[], bool] | None) -> bool:
+        """Waits for the starting server's "ready", at most `ready_timeout_s` from its start. False when `give_up`
+        says so (the server goes on starting), or when it died or hangs importing (it is killed: it forked
+        nothing, so nothing of it is kept)."""
+        assert self._sock is not None
+        ready_by = self._start_began + self._ready_timeout_s
+        while (remaining := ready_by - time.monotonic()) > 0:
+            self._sock.settimeout(remaining if give_up is None else min(remaining, GIVE_UP_POLL_S))
+            try:
+                self._ready = self._read_ready(self._sock.recv(MAX_MESSAGE))
+            except TimeoutError:
+                if give_up is not None and give_up():
+                    return False
+                continue
+            except (OSError, ValueError):
+                break
+            if not self._ready:
+                break
+            self._sock.settimeout(self._answer_timeout_s)
+            self._failed_start_at = None
+            return True
+        self._start_failed()
+        return False
+
+    def _start_failed(self) -> None:
+        assert self._process is not None
+        logger.warning(
+            "the fork server did not start (%s after %.1f s): processes are started without it for %g s",
+            "exited" if self._process.poll() is not None else "not ready",
+            time.monotonic() - self._start_began,
+            RETRY_AFTER_FAILED_START_S,
+        )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+        self._disconnect()
+        self._failed_start_at = time.monotonic()
 
     def _read_ready(self, message: bytes) -> bool:
         if not message.startswith(READY):
@@ -312,6 +338,7 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 self._sock.close()
         self._sock = None
+        self._ready = False
         if self._process is not None and self._process.poll() is not None:
             self._process = None
 

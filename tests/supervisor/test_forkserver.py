@@ -345,25 +345,37 @@ def test_a_server_started_to_die_with_its_parent_takes_its_forks_with_it(tmp_pat
 
 
 @contextlib.contextmanager
-def server_held_in_its_import(tmp_path: Path) -> Iterator[tuple[ForkServer, list[bool]]]:
-    """A server whose start another thread has begun and that is importing (as a service's is, seconds at its
-    start), until the block ends; then it is let finish and closed. Yields it and what its `start` returned."""
+def slow_importing_server(tmp_path: Path) -> Iterator[tuple[ForkServer, Path, Path]]:
+    """A server whose preload (once it is started) writes to `starts` and then imports until `release` exists, as
+    a service's imports for seconds at its start. Yields it, `release` and `starts`; at the end of the block the
+    import is let finish and the server is closed."""
     release, starts = tmp_path / "release", tmp_path / "starts"
     (tmp_path / "slow_import.py").write_text(
         f"import os, time\nopen({str(starts)!r}, 'a').write('x')\n"
         f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\n"
     )
     slow = ForkServer(["slow_import"], {**os.environ, "PYTHONPATH": str(tmp_path)}, ready_timeout_s=scaled(300))
-    started: list[bool] = []
-    starting = threading.Thread(target=lambda: started.append(slow.start()), daemon=True)
-    starting.start()
     try:
-        wait_until(starts.exists, timeout=60, message="the server importing")
-        yield slow, started
+        yield slow, release, starts
     finally:
         release.touch()
-        starting.join(timeout=scaled(300))
         close_and_wait(slow)
+
+
+@contextlib.contextmanager
+def server_held_in_its_import(tmp_path: Path) -> Iterator[tuple[ForkServer, list[bool]]]:
+    """A server whose start another thread has begun and that is importing, until the block ends; then it is let
+    finish and closed. Yields it and what its `start` returned."""
+    with slow_importing_server(tmp_path) as (slow, release, starts):
+        started: list[bool] = []
+        starting = threading.Thread(target=lambda: started.append(slow.start()), daemon=True)
+        starting.start()
+        try:
+            wait_until(starts.exists, timeout=60, message="the server importing")
+            yield slow, started
+        finally:
+            release.touch()
+            starting.join(timeout=scaled(300))
 
 
 def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
@@ -412,6 +424,39 @@ def test_a_caller_that_gives_up_on_a_starting_server_starts_its_process_itself(t
         with output:
             assert output.read() == b"ran\n", "started by itself, its output piped back"
         assert ended(process) == ExitStatus(code=0) and not exit_path(spec.log_path).exists(), "not forked"
+
+
+def test_a_caller_that_starts_the_server_itself_gives_up_and_the_next_request_waits_for_that_start(
+    tmp_path: Path,
+) -> None:
+    """A model's own thread starts the server when none runs (after one died): it too waits no longer than it may.
+    The start goes on, and the next request waits for the rest of it and is forked (no second server)."""
+    script = tmp_path / "child.py"
+    script.write_text("print('ran', flush=True)\n")
+    first, second = (
+        ProcessSpec(role, [sys.executable, str(script)], dict(os.environ), tmp_path, tmp_path / f"{role}.log")
+        for role in ("first", "second")
+    )
+    spawned: list[tuple[SupervisedProcess, IO[bytes]]] = []
+    with slow_importing_server(tmp_path) as (slow, release, starts):
+        # It gives up once the server it started is importing: its wait for the start is what is asked.
+        waiting = threading.Thread(
+            target=lambda: spawned.append(SupervisedProcess.spawn_piped(first, slow, give_up=starts.exists)),
+            daemon=True,
+        )
+        waiting.start()
+        wait_until(lambda: not waiting.is_alive(), timeout=60, message="the launch that started the server giving up")
+        [(process, output)] = spawned
+        with output:
+            assert output.read() == b"ran\n", "started by itself, its output piped back"
+        assert ended(process) == ExitStatus(code=0) and not exit_path(first.log_path).exists(), "not forked"
+        assert slow.pid is not None, "the server given up on goes on starting"
+        release.touch()
+        process, output = SupervisedProcess.spawn_piped(second, slow)
+        with output:
+            assert output.read() == b"ran\n"
+        assert ended(process) == ExitStatus(code=0) and exit_path(second.log_path).exists(), "forked"
+        assert starts.read_text() == "x", "the server that was starting, not a second one"
 
 
 def test_a_server_that_hangs_at_start_is_ended_and_processes_are_started_as_before(tmp_path: Path) -> None:
