@@ -324,12 +324,17 @@ def list_runs_plan(
     else:
         statement = _list_statement(tuple(filters), bool(cursor))
         rows = yield Read(statement, page_parameters(limit, cursor) | filters)
-    page = rows[:limit]
+    # Each row read once, by position (`_summary_json_columns`' order): a name looked up on SQLAlchemy's Row costs
+    # about 0.3 us, and three a row were a fifth of a page's own time on SQLite.
+    page = [tuple(row) for row in rows[:limit]]
     # (no query at all when the page has no queued run)
-    positions = yield from admission.queue_positions_plan([row.id for row in page if row.status == lifecycle.QUEUED])
-    last = page[-1] if len(rows) > limit else None
-    next_cursor = None if last is None else encode_cursor(utc_value(last.created_at), last.id)
-    summaries = ",".join(_placed(row.summary, positions.get(row.id)) for row in page)
+    queued = [run_id for _, _, run_id, status in page if status == lifecycle.QUEUED]
+    positions = yield from admission.queue_positions_plan(queued)
+    next_cursor = None
+    if len(rows) > limit:
+        _, created_at, last_id, _ = page[-1]
+        next_cursor = encode_cursor(utc_value(created_at), last_id)
+    summaries = ",".join(_placed(summary, positions.get(run_id)) for summary, _, run_id, _ in page)
     return f'{{"runs":[{summaries}],"count":{len(page)},"next_cursor":{json.dumps(next_cursor)}}}'.encode()
 
 
@@ -344,7 +349,7 @@ def _summary_json_columns() -> tuple[Any, ...]:
     """A listing's columns: the run's summary as RunSummary's JSON, written by the database from the summary's
     columns alone (never the config: kilobytes of JSON per run; total_steps is the column copied from it at
     insert), then the raw values the page needs itself (its cursor, the queued runs' places), selected without
-    their types so that the driver's values come as they are."""
+    their types so that the driver's values come as they are. list_runs_plan reads them by position."""
     fields = {key: _summary_value(key) for key in RunSummary.model_fields}
     raw = (type_coerce(RUN_COLUMNS[key], NullType()).label(key) for key in ("created_at", "id", "status"))
     return (json_object(fields).label("summary"), *raw)
