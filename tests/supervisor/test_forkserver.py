@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -404,19 +404,27 @@ def test_a_closing_runner_waits_for_no_server_start(tmp_path: Path) -> None:
     assert started == [True] and not forked_marker.exists(), "nothing is forked for a closed runner"
 
 
+def _launch_in_a_thread(
+    spec: ProcessSpec, server: ForkServer, give_up: Callable[[], bool]
+) -> tuple[threading.Thread, list[tuple[SupervisedProcess, IO[bytes]]]]:
+    """`spawn_piped` of `spec` in a thread of its own (it may wait for the server's start); its result lands in the
+    list once it returns."""
+    spawned: list[tuple[SupervisedProcess, IO[bytes]]] = []
+    thread = threading.Thread(
+        target=lambda: spawned.append(SupervisedProcess.spawn_piped(spec, server, give_up=give_up)), daemon=True
+    )
+    thread.start()
+    return thread, spawned
+
+
 def test_a_caller_that_gives_up_on_a_starting_server_starts_its_process_itself(tmp_path: Path) -> None:
     """An inference-test model waits for the server's start no longer than its time-out or a cancel."""
     script = tmp_path / "child.py"
     script.write_text("print('ran', flush=True)\n")
     spec = ProcessSpec("piped", [sys.executable, str(script)], dict(os.environ), tmp_path, tmp_path / "piped.log")
     gave_up = threading.Event()
-    spawned: list[tuple[SupervisedProcess, IO[bytes]]] = []
     with server_held_in_its_import(tmp_path) as (slow, _):
-        waiting = threading.Thread(
-            target=lambda: spawned.append(SupervisedProcess.spawn_piped(spec, slow, give_up=gave_up.is_set)),
-            daemon=True,
-        )
-        waiting.start()
+        waiting, spawned = _launch_in_a_thread(spec, slow, gave_up.is_set)
         wait_until(lambda: slow._lock.locked() and waiting.is_alive(), timeout=30, message="a launch waiting")
         gave_up.set()
         wait_until(lambda: not waiting.is_alive(), timeout=30, message="the launch giving up during the import")
@@ -437,14 +445,9 @@ def test_a_caller_that_starts_the_server_itself_gives_up_and_the_next_request_wa
         ProcessSpec(role, [sys.executable, str(script)], dict(os.environ), tmp_path, tmp_path / f"{role}.log")
         for role in ("first", "second")
     )
-    spawned: list[tuple[SupervisedProcess, IO[bytes]]] = []
     with slow_importing_server(tmp_path) as (slow, release, starts):
         # It gives up once the server it started is importing: its wait for the start is what is asked.
-        waiting = threading.Thread(
-            target=lambda: spawned.append(SupervisedProcess.spawn_piped(first, slow, give_up=starts.exists)),
-            daemon=True,
-        )
-        waiting.start()
+        waiting, spawned = _launch_in_a_thread(first, slow, starts.exists)
         wait_until(lambda: not waiting.is_alive(), timeout=60, message="the launch that started the server giving up")
         [(process, output)] = spawned
         with output:
