@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth.scopes import Scope, allows
-from service.auth.tokens import ANONYMOUS, ENV_TOKEN_NAME, Principal, TokenFileError
+from service.auth.tokens import ANONYMOUS, ENV_TOKEN_NAME, Principal, TokenFileError, find_token
 from service.context import AppContext
 from service.errors import InsufficientScope, Unauthorized, Unavailable
 from service.observability import actor_var
@@ -33,16 +33,16 @@ def identify(ctx: AppContext, authorization: str | None) -> Principal:
     if given and settings.api_token is not None and token_matches(given, settings.api_token.get_secret_value()):
         return Principal(ENV_TOKEN_NAME, (Scope.ADMIN,))  # before the file: it still works when the file is broken
     try:
-        entries = ctx.tokens.entries()
+        entries = ctx.tokens.read()
     except TokenFileError as exc:
         # Fail closed: a broken file must not turn a server with no RLCTL_API_TOKEN into an open one.
         logger.error("%s", exc)
         raise Unavailable("the tokens file cannot be read; see the service log") from exc
-    if settings.api_token is None and not entries and not ctx.tokens.exists():
+    if settings.api_token is None and entries is None:  # no token anywhere (an empty file closes the server)
         return ANONYMOUS
     if not given:
         raise Unauthorized(MISSING_TOKEN)
-    principal = ctx.tokens.find(given)
+    principal = find_token(entries or (), given)
     if principal is None:
         raise Unauthorized("unknown or revoked bearer token")
     return principal

@@ -106,10 +106,15 @@ class TokenStore:
 
     def entries(self) -> tuple[TokenEntry, ...]:
         """The current entries. A file that cannot be parsed grants nothing (fail closed) and raises."""
+        return self.read() or ()
+
+    def read(self) -> tuple[TokenEntry, ...] | None:
+        """The current entries, or None when there is no file: one stat, which every authenticated request
+        costs (an empty file still differs from none, see `exists`). Raises as `entries` does."""
         try:
-            stat = self.path.stat()
+            stat = os.stat(self.path)
         except FileNotFoundError:
-            return ()
+            return None
         signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
         with self._lock:
             if signature != self._signature:
@@ -118,12 +123,7 @@ class TokenStore:
             return self._entries
 
     def find(self, token: str) -> Principal | None:
-        digest = token_hash(token)
-        found = None
-        for entry in self.entries():
-            if hmac.compare_digest(entry.sha256, digest):  # every entry compared: no early exit to time
-                found = Principal(entry.name, entry.scopes)
-        return found
+        return find_token(self.entries(), token)
 
     def create(self, name: str, scopes: tuple[Scope, ...]) -> str:
         """A new token, stored as its hash; the token itself is returned once and kept nowhere."""
@@ -172,3 +172,13 @@ class TokenStore:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
+
+
+def find_token(entries: tuple[TokenEntry, ...], token: str) -> Principal | None:
+    """The principal of the entry whose hash is the token's, if any."""
+    digest = token_hash(token)
+    found = None
+    for entry in entries:
+        if hmac.compare_digest(entry.sha256, digest):  # every entry compared: no early exit to time
+            found = Principal(entry.name, entry.scopes)
+    return found
