@@ -66,13 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from service.auth.guard import is_loopback
+    from service.auth.guard import is_loopback, is_open
     from service.auth.tokens import TokenStore
     from service.context import build_context
     from service.observability import configure_logging
 
     settings = Settings()
-    if settings.api_token is None and not TokenStore(settings.tokens_path).exists() and not is_loopback(args.host):
+    if is_open(settings, tokens_file=TokenStore(settings.tokens_path).exists()) and not is_loopback(args.host):
         print(
             f"refusing to listen on {args.host} without RLCTL_API_TOKEN: set a token, or bind to 127.0.0.1",
             file=sys.stderr,

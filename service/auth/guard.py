@@ -19,6 +19,7 @@ from service.auth.tokens import ANONYMOUS, ENV_TOKEN_NAME, Principal, TokenFileE
 from service.context import AppContext
 from service.errors import InsufficientScope, Unauthorized, Unavailable
 from service.observability import actor_var
+from service.settings import Settings
 
 logger = logging.getLogger("rlctl.auth")
 bearer_scheme = HTTPBearer(auto_error=False, description="RLCTL_API_TOKEN, or a token of the tokens file")
@@ -38,7 +39,7 @@ def identify(ctx: AppContext, authorization: str | None) -> Principal:
         # Fail closed: a broken file must not turn a server with no RLCTL_API_TOKEN into an open one.
         logger.error("%s", exc)
         raise Unavailable("the tokens file cannot be read; see the service log") from exc
-    if settings.api_token is None and entries is None:  # no token anywhere (an empty file closes the server)
+    if is_open(settings, tokens_file=entries is not None):
         return ANONYMOUS
     if not given:
         raise Unauthorized(MISSING_TOKEN)
@@ -46,6 +47,12 @@ def identify(ctx: AppContext, authorization: str | None) -> Principal:
     if principal is None:
         raise Unauthorized("unknown or revoked bearer token")
     return principal
+
+
+def is_open(settings: Settings, *, tokens_file: bool) -> bool:
+    """Whether every call is anonymous: no RLCTL_API_TOKEN and no tokens file (an empty file still closes the
+    server, so that revoking the last token never opens it)."""
+    return settings.api_token is None and not tokens_file
 
 
 def require(principal: Principal, needed: Scope, what: str) -> None:

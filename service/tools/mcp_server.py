@@ -20,7 +20,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.types import Message, Receive, Scope, Send
 
-from service.auth.guard import identify
+from service.auth.guard import identify, is_open
 from service.auth.tokens import Principal
 from service.context import AppContext
 from service.errors import ServiceError
@@ -99,7 +99,7 @@ class McpEndpoint:
         await self._app(scope, receive, send)
 
     def _transport_security(self) -> TransportSecuritySettings:
-        if self.ctx.settings.api_token is not None or self.ctx.tokens.exists():
+        if not is_open(self.ctx.settings, tokens_file=self.ctx.tokens.exists()):
             # Token-protected and possibly behind a proxy: the token, not the Host header, guards it.
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
         return TransportSecuritySettings(
