@@ -122,9 +122,6 @@ class TokenStore:
                 self._signature = signature
             return self._entries
 
-    def find(self, token: str) -> Principal | None:
-        return find_token(self.entries(), token)
-
     def create(self, name: str, scopes: tuple[Scope, ...]) -> str:
         """A new token, stored as its hash; the token itself is returned once and kept nowhere."""
         if not re.fullmatch(NAME_PATTERN, name) or name == ENV_TOKEN_NAME:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.auth.scopes import Scope, allows, effective, parse_scopes
-from service.auth.tokens import ENV_TOKEN_NAME, TokenFileError, TokenStore, token_hash
+from service.auth.tokens import ENV_TOKEN_NAME, TokenFileError, TokenStore, find_token, token_hash
 
 
 def test_each_scope_includes_the_ones_below_it() -> None:
@@ -35,9 +35,9 @@ def test_the_file_keeps_hashes_never_tokens(tmp_path: Path) -> None:
     text = store.path.read_text()
     assert token not in text and token_hash(token) in text
     assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
-    found = store.find(token)
+    found = find_token(store.entries(), token)
     assert found is not None and found.name == "dashboard" and found.scopes == (Scope.READ,)
-    assert store.find(token + "x") is None
+    assert find_token(store.entries(), token + "x") is None
     assert [e.name for e in store.entries()] == ["dashboard"]
 
 
@@ -50,7 +50,7 @@ def test_names_are_unique_valid_and_revocation_is_by_name(tmp_path: Path) -> Non
         with pytest.raises(TokenFileError, match="invalid token name"):
             store.create(bad, (Scope.READ,))
     store.revoke("ci")
-    assert store.find(first) is None
+    assert find_token(store.entries(), first) is None
     with pytest.raises(TokenFileError, match="no token named"):
         store.revoke("ci")
 
@@ -58,9 +58,9 @@ def test_names_are_unique_valid_and_revocation_is_by_name(tmp_path: Path) -> Non
 def test_a_change_by_another_writer_is_seen_and_a_broken_file_fails_closed(tmp_path: Path) -> None:
     path = tmp_path / "tokens.json"
     reader, writer = TokenStore(path), TokenStore(path)
-    assert reader.entries() == ()
+    assert reader.entries() == () and reader.read() is None, "no file: no entries, and no file to close the server"
     token = writer.create("late", (Scope.ADMIN,))
-    assert reader.find(token) is not None  # no restart, no reload call: the file's signature changed
+    assert find_token(reader.entries(), token) is not None  # no restart, no reload call: the file's signature changed
     path.write_text(json.dumps({"tokens": [{"name": "x", "scopes": ["root"], "sha256": "0"}]}))
     with pytest.raises(TokenFileError):
         reader.entries()
