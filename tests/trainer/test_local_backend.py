@@ -5,6 +5,7 @@ exactly."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from tests.support.waiting import wait_until
 from trainer.backends.base import SamplingRequest
 from trainer.backends.local import LocalBackend
+from trainer.backends.sampler import BatchedSampler
 from trainer.config import TrainerConfig, parse_config
 from trainer.grpo import TrainingDatum, build_datum
 
@@ -34,8 +36,23 @@ def make_config(tiny_model_dir: Path, run_dir: Path, **tinker: object) -> Traine
 
 
 @pytest.fixture
-def backend(tiny_model_dir: Path, tmp_path: Path) -> LocalBackend:
-    return LocalBackend(make_config(tiny_model_dir, tmp_path / "run"))
+def backend(tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalBackend]:
+    backend = LocalBackend(make_config(tiny_model_dir, tmp_path / "run"))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(params=["shared_prefix", "padded"])
+def sampling(request: pytest.FixtureRequest, backend: LocalBackend) -> LocalBackend:
+    """The backend with each kind of the sampler's cache (docs/TRAINER.md#local-sampling): the tiny model's
+    architecture gets the shared-prefix one; every other architecture the padded one."""
+    if request.param == "padded":
+        backend._sampler.close()
+        backend._sampler = BatchedSampler(
+            backend.model, backend.tokenizer, backend._device, backend._sample_generator, shared_prefix=False
+        )
+    assert backend._sampler.shared_prefix == (request.param == "shared_prefix")
+    return backend
 
 
 def chat_prompt(backend: LocalBackend, content: str) -> list[int]:
@@ -74,20 +91,20 @@ def assert_trainer_logprobs(backend: LocalBackend, prompt: list[int], completion
         assert trained == pytest.approx(completion.logprobs, abs=1e-4)
 
 
-def test_sampler_logprobs_equal_the_trainers(backend: LocalBackend) -> None:
-    prompt = prompt_tokens(backend)
-    completions, _ = datums_for(backend, prompt, advantage=1.0)
+def test_sampler_logprobs_equal_the_trainers(sampling: LocalBackend) -> None:
+    prompt = prompt_tokens(sampling)
+    completions, _ = datums_for(sampling, prompt, advantage=1.0)
     assert len(completions) == 4 and all(1 <= len(c.tokens) <= 6 for c in completions)
-    assert_trainer_logprobs(backend, prompt, completions)
+    assert_trainer_logprobs(sampling, prompt, completions)
 
 
-def test_finish_reason_is_real(backend: LocalBackend) -> None:
-    prompt = prompt_tokens(backend)
-    everything = tuple(range(len(backend.tokenizer)))
-    stopped = backend.sample(SamplingRequest(prompt, n=2, max_new_tokens=5, stop_token_ids=everything))
+def test_finish_reason_is_real(sampling: LocalBackend) -> None:
+    prompt = prompt_tokens(sampling)
+    everything = tuple(range(len(sampling.tokenizer)))
+    stopped = sampling.sample(SamplingRequest(prompt, n=2, max_new_tokens=5, stop_token_ids=everything))
     assert all(c.finish_reason == "stop" and len(c.tokens) == 1 for c in stopped)
-    greedy = backend.sample(SamplingRequest(prompt, n=1, max_new_tokens=3, temperature=0.0))[0]
-    eos_ids = {backend.tokenizer.eos_token_id}
+    greedy = sampling.sample(SamplingRequest(prompt, n=1, max_new_tokens=3, temperature=0.0))[0]
+    eos_ids = {sampling.tokenizer.eos_token_id}
     assert (greedy.finish_reason == "length") == (len(greedy.tokens) == 3 and greedy.tokens[-1] not in eos_ids)
 
 
@@ -201,12 +218,12 @@ class InFlight:
 
 
 @pytest.fixture
-def in_flight(backend: LocalBackend):
+def in_flight(sampling: LocalBackend):
     """Starts requests in threads of their own; each has ended before the test's backend goes, even on failure."""
     started: list[InFlight] = []
 
     def start(request: SamplingRequest) -> InFlight:
-        started.append(InFlight(backend, request))
+        started.append(InFlight(sampling, request))
         return started[-1]
 
     yield start
@@ -225,25 +242,25 @@ def wait_for_batch(backend: LocalBackend, request: InFlight) -> None:
 
 
 def test_concurrent_requests_of_different_prompts_are_batched_and_keep_exact_logprobs(
-    backend: LocalBackend, in_flight
+    sampling: LocalBackend, in_flight
 ) -> None:
     """Requests sampled together share one left-padded batch: each completion's logprobs are still the trainer's
     for that prompt alone, so the padding never leaks into another request's rows."""
-    prompts = [chat_prompt(backend, "Echo: " + "7" * length) for length in (1, 5, 12)]
+    prompts = [chat_prompt(sampling, "Echo: " + "7" * length) for length in (1, 5, 12)]
     requests = [in_flight(SamplingRequest(prompt, n=3, max_new_tokens=5)) for prompt in prompts]
     for prompt, request in zip(prompts, requests, strict=True):
         completions = request.result()
         assert len(completions) == 3 and all(c.weights_version == 0 for c in completions)
-        assert_trainer_logprobs(backend, prompt, completions)
+        assert_trainer_logprobs(sampling, prompt, completions)
 
 
-def test_requests_join_a_running_batch_and_are_answered_as_their_rows_end(backend: LocalBackend, in_flight) -> None:
+def test_requests_join_a_running_batch_and_are_answered_as_their_rows_end(sampling: LocalBackend, in_flight) -> None:
     """A request arriving while a long batch runs joins it at the next token, with a prompt longer than the batch's
     cache (the cache is padded) and one shorter (its rows are padded), and is answered while the long request is
     still sampling; every completion's logprobs are still the trainer's for its own prompt."""
-    short, long = chat_prompt(backend, "Echo: 1"), chat_prompt(backend, "Echo: " + "7" * 300)
+    short, long = chat_prompt(sampling, "Echo: 1"), chat_prompt(sampling, "Echo: " + "7" * 300)
     running = in_flight(SamplingRequest(short, n=8, max_new_tokens=200))
-    wait_for_batch(backend, running)
+    wait_for_batch(sampling, running)
     joining = [
         in_flight(SamplingRequest(long, n=2, max_new_tokens=3)),
         in_flight(SamplingRequest(short, n=3, max_new_tokens=4)),
@@ -254,18 +271,18 @@ def test_requests_join_a_running_batch_and_are_answered_as_their_rows_end(backen
     assert not running.done.is_set()
     for prompt, completions, limit in zip((long, short), answered, (3, 4), strict=True):
         assert all(1 <= len(c.tokens) <= limit for c in completions)
-        assert_trainer_logprobs(backend, prompt, completions)
+        assert_trainer_logprobs(sampling, prompt, completions)
     long_running = running.result()
     assert len(long_running) == 8
-    assert_trainer_logprobs(backend, short, long_running)
+    assert_trainer_logprobs(sampling, short, long_running)
 
 
-def test_a_seeded_request_is_sampled_alone_whatever_else_is_running(backend: LocalBackend, in_flight) -> None:
-    prompt = chat_prompt(backend, "Echo: 42")
+def test_a_seeded_request_is_sampled_alone_whatever_else_is_running(sampling: LocalBackend, in_flight) -> None:
+    prompt = chat_prompt(sampling, "Echo: 42")
     seeded = SamplingRequest(prompt, n=3, max_new_tokens=8, seed=11)
-    alone = backend.sample(seeded)
-    running = in_flight(SamplingRequest(chat_prompt(backend, "Echo: 9"), n=4, max_new_tokens=120))
-    wait_for_batch(backend, running)
+    alone = sampling.sample(seeded)
+    running = in_flight(SamplingRequest(chat_prompt(sampling, "Echo: 9"), n=4, max_new_tokens=120))
+    wait_for_batch(sampling, running)
     beside = in_flight(seeded).result()
     assert [c.tokens for c in beside] == [c.tokens for c in alone]
     for ours, theirs in zip(beside, alone, strict=True):
@@ -273,19 +290,55 @@ def test_a_seeded_request_is_sampled_alone_whatever_else_is_running(backend: Loc
     running.result()
 
 
-def test_no_request_joins_once_new_weights_are_staged(backend: LocalBackend, in_flight) -> None:
+def test_no_request_joins_once_new_weights_are_staged(sampling: LocalBackend, in_flight) -> None:
     """A batch in flight finishes on the weights it began with; a request arriving after a publish waits for it and
     is sampled from the new weights."""
-    prompt = prompt_tokens(backend)
-    _, data = datums_for(backend, prompt, advantage=1.0)
-    backend.forward_backward(data)
-    backend.optim_step(0.05)
+    prompt = prompt_tokens(sampling)
+    _, data = datums_for(sampling, prompt, advantage=1.0)
+    sampling.forward_backward(data)
+    sampling.optim_step(0.05)
     running = in_flight(SamplingRequest(prompt, n=4, max_new_tokens=150))
-    wait_for_batch(backend, running)
-    backend.publish_weights(1)
+    wait_for_batch(sampling, running)
+    sampling.publish_weights(1)
     after = in_flight(SamplingRequest(prompt, n=2, max_new_tokens=4))
     fresh = after.result()
     assert running.done.is_set()  # it was answered first: the new request did not join it
     assert all(c.weights_version == 0 for c in running.result())
     assert all(c.weights_version == 1 for c in fresh)
-    assert_trainer_logprobs(backend, prompt, fresh)
+    assert_trainer_logprobs(sampling, prompt, fresh)
+
+
+def test_every_forward_pass_runs_on_the_sampler_thread(sampling: LocalBackend, in_flight) -> None:
+    """Requests from many threads are sampled on one: torch's intra-op threads are a team per calling thread,
+    and one warm team is what keeps a small model's steps fast (docs/TRAINER.md#local-sampling)."""
+    threads: set[int] = set()
+    sampling._sampler._model.register_forward_pre_hook(lambda *_: threads.add(threading.get_ident()))
+    requests = [in_flight(SamplingRequest(prompt_tokens(sampling), n=2, max_new_tokens=6)) for _ in range(4)]
+    for request in requests:
+        request.result()
+    callers = {request._thread.ident for request in requests}
+    assert len(threads) == 1 and not threads & callers
+
+
+def test_closing_fails_the_requests_not_answered_and_refuses_new_ones(sampling: LocalBackend, in_flight) -> None:
+    """The sampling thread is held inside its first forward pass while the sampler closes: it ends after that
+    step, and the request (4 rows of 50 tokens, one sampled) fails instead of waiting for ever."""
+    sampler, entered, release = sampling._sampler, threading.Event(), threading.Event()
+
+    def hold(*_: object) -> None:
+        entered.set()
+        release.wait(120)
+
+    hook = sampler._model.register_forward_pre_hook(hold)
+    running = in_flight(SamplingRequest(prompt_tokens(sampling), n=4, max_new_tokens=50))
+    assert entered.wait(120)
+    closing = threading.Thread(target=sampling.close)
+    closing.start()
+    wait_until(lambda: sampler._closed, timeout=60, message="the sampler to be closing")
+    hook.remove()
+    release.set()
+    closing.join(120)
+    assert not closing.is_alive() and running.done.wait(120)
+    assert isinstance(running.error, RuntimeError) and "closed" in str(running.error)
+    with pytest.raises(RuntimeError, match="closed"):
+        sampling.sample(SamplingRequest(prompt_tokens(sampling), n=1, max_new_tokens=2))

@@ -192,6 +192,9 @@ class LocalBackend(TrainingBackend):
         with self._lock:
             self._optimizer.zero_grad(set_to_none=True)
 
+    def close(self) -> None:
+        self._sampler.close()
+
     def publish_weights(self, step: int) -> PublishedWeights:
         # A copy of the adapter for the sampler, which takes it up before its next batch; the base is shared.
         with self._lock:

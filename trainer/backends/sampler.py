@@ -5,11 +5,13 @@ hundred (docs/TRAINER.md#local-sampling):
 
 - **One batch that requests join and leave.** Every row of every request being sampled (a group's `n`
   completions, other groups, other models' requests) goes through one forward pass per token, with a KV cache.
-  A request that arrives while the batch runs joins it before its next token: its prompts are read in one pass
-  of their own, left-padded, and their cache is put beside the batch's (the shorter side padded on the left).
-  A row leaves the batch when it ends, and a request is answered as soon as its last row has ended. The callers
-  take turns running the batch: one runs it until its own request is answered, then another waiting caller
-  goes on (no thread of its own to start or stop).
+  A request that arrives while the batch runs joins it before its next token: the prompts the batch has not
+  read yet are read in one pass of their own, and its rows go beside the batch's. What the rows have read is
+  the batch's `RowCache` (trainer/backends/kv_caches.py): where the architecture allows, each distinct prompt's
+  keys and values are held once for all its rows. A row leaves the batch when it ends, and a request is
+  answered as soon as its last row has ended. Every forward pass runs on the sampler's one thread, started by
+  the first request: torch's intra-op threads are a team per calling thread, and one warm team is much faster
+  than a cold one per caller (each extra team also makes all of them sleep between operators).
 - **Sampling does not wait on training.** The sampler has its own LoRA adapter over the training model's base
   weights (shared, never copied): `stage` hands it a copy of the newly published adapter, which it takes up
   when the batch has emptied. From then on no request joins the running batch, so it ends within one
@@ -27,10 +29,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional
-from transformers.cache_utils import DynamicLayer
 
 from trainer.backends.base import Completion, SamplingRequest
+from trainer.backends.kv_caches import RowCache, new_row_cache, use_shared_prefix
 
 # Rows (completions) in one batch: bounds the KV cache; a request never splits across batches.
 MAX_BATCH_ROWS = 256
@@ -73,27 +74,19 @@ class _Row:
 
 @dataclass
 class _Batch:
-    """The rows being decoded together. Invariants between steps: `cache` and `attention` ([rows, length]) cover
-    every token fed so far, left-padded; `positions` ([rows, 1]) is each row's last position; `logits`
-    ([rows, vocabulary]) is each row's next-token distribution, not yet sampled."""
+    """The rows being decoded together. Invariants between steps: `kv` holds what every row has read, in the
+    order of `rows`; `logits` ([rows, vocabulary]) is each row's next-token distribution, not yet sampled."""
 
     requests: dict[PendingSample, list[_Row]]  # each unanswered request's rows, in order
     rows: list[_Row]  # the rows being decoded, in the cache's order
-    cache: Any
-    attention: torch.Tensor
-    positions: torch.Tensor
+    kv: RowCache
     logits: torch.Tensor
     version: int
     generator: torch.Generator | None  # a seeded request's own, for the batch it has alone
 
     @property
-    def resizable(self) -> bool:
-        """Rows can join and leave; otherwise ended rows stay until every row has ended."""
-        return _resizable(self.cache)
-
-    @property
     def joinable(self) -> bool:
-        return self.generator is None and self.resizable
+        return self.generator is None and self.kv.resizable
 
 
 def sampler_copy(model: nn.Module) -> nn.Module:
@@ -104,21 +97,6 @@ def sampler_copy(model: nn.Module) -> nn.Module:
     for parameter in clone.parameters():
         parameter.requires_grad_(False)
     return clone
-
-
-def _resizable(cache: Any) -> bool:
-    """Rows can be added to and dropped from a cache of plain growing layers (keys and values [rows, heads,
-    length, dim]); any other kind (sliding windows, quantised, static) keeps its batch as it began."""
-    layers = getattr(cache, "layers", None) or []
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """`tensor` padded with zeros at the front of dimension `dim` to `width`."""
-    missing = width - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    return functional.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0])
 
 
 def _alike(first: PendingSample, second: PendingSample) -> bool:
@@ -146,9 +124,13 @@ class BatchedSampler:
         tokenizer: Any,
         device: torch.device,
         default_generator: torch.Generator,
+        shared_prefix: bool = True,
     ) -> None:
+        """`shared_prefix`: hold each prompt once for all its rows where the architecture allows (off: every row
+        holds its own copy, as for any other architecture)."""
         self._model = sampler_copy(training_model)
         self._model.eval()
+        self.shared_prefix = shared_prefix and use_shared_prefix(self._model)
         sampler_parameters = dict(self._model.named_parameters())
         self._names = [name for name, parameter in training_model.named_parameters() if parameter.requires_grad]
         self._targets = [sampler_parameters[name] for name in self._names]
@@ -156,11 +138,12 @@ class BatchedSampler:
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._device = device
         self._default_generator = default_generator
-        # Guards the queue and whose turn it is to run the batch; waiting callers sleep on it, woken by answers.
-        self._turns = threading.Condition()
+        # Guards the queue, the thread's start and the closing; the thread sleeps on it while it has nothing to do.
+        self._work = threading.Condition()
         self._queue: list[PendingSample] = []
-        self._running = False
-        self._batch: _Batch | None = None  # only the caller whose turn it is touches it
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._batch: _Batch | None = None  # the sampling thread's alone
         self._staged: tuple[int, list[torch.Tensor]] | None = None
         self._staged_lock = threading.Lock()
         self.version = 0  # the weights the sampler's adapter holds now
@@ -185,24 +168,44 @@ class BatchedSampler:
         self.version = version
 
     def sample(self, pending: PendingSample) -> list[Completion]:
-        with self._turns:
+        with self._work:
+            if self._closed:
+                raise RuntimeError("the sampler is closed")
             self._queue.append(pending)
-            while self._running and not pending.done.is_set():
-                self._turns.wait()
-            my_turn = not pending.done.is_set()
-            self._running = self._running or my_turn
-        if my_turn:
-            try:
-                while not pending.done.is_set():
-                    self._step()
-            finally:
-                with self._turns:
-                    self._running = False
-                    self._turns.notify_all()  # a caller still waiting runs the batch on
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+                self._thread.start()
+            self._work.notify()
+        pending.done.wait()
         if pending.error is not None:
             raise pending.error
         assert pending.result is not None
         return pending.result
+
+    def close(self) -> None:
+        """Ends the sampling thread; requests still waiting or being sampled fail."""
+        with self._work:
+            self._closed = True
+            self._work.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while self._has_work():
+            self._step()
+        with self._work:
+            failed = [*self._queue, *(self._batch.requests if self._batch is not None else ())]
+            self._queue.clear()
+        self._batch = None
+        self._fail(failed, RuntimeError("the sampler was closed"))
+
+    def _has_work(self) -> bool:
+        """Waits until there is a request or a batch to sample; False once the sampler is closed."""
+        with self._work:
+            while not self._closed and not self._queue and self._batch is None:
+                self._work.wait()
+            return not self._closed
 
     def _step(self) -> None:
         """Let waiting requests join the batch (or start one), then sample one token for each of its rows."""
@@ -218,9 +221,7 @@ class BatchedSampler:
         except BaseException as error:  # noqa: BLE001 - every request of the batch gets the failure
             failed = [*joining, *(self._batch.requests if self._batch is not None else ())]
             self._batch = None
-            for pending in failed:
-                pending.error = error
-            self._answered(failed)
+            self._fail(failed, error)
 
     def _take_joining(self) -> list[PendingSample]:
         """The oldest waiting requests, in order, up to MAX_BATCH_ROWS rows (the first of a new batch whatever
@@ -234,7 +235,7 @@ class BatchedSampler:
             return []
         rows = len(batch.rows) if batch is not None else 0
         taken: list[PendingSample] = []
-        with self._turns:
+        with self._work:
             for pending in self._queue:
                 if pending.request.seed is not None:
                     if batch is None and not taken:
@@ -248,65 +249,25 @@ class BatchedSampler:
         return taken
 
     def _join(self, joining: list[PendingSample]) -> None:
-        """The joining requests' prompts in one forward pass of their own; their rows then go beside the
-        batch's, the shorter side's cache and attention mask padded on the left."""
-        new = self._prefill(joining)
+        """The joining requests' rows go after the batch's (or make a new batch); the cache reads the prompts it
+        has not read yet, each distinct prompt once."""
+        if self._batch is None:
+            seed = joining[0].request.seed
+            self._batch = _Batch(
+                requests={},
+                rows=[],
+                kv=new_row_cache(self._model, self._pad_id, self._device),
+                logits=torch.zeros(0),
+                version=self.version,
+                generator=torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None,
+            )
         batch = self._batch
-        if batch is None:
-            self._batch = new
-            return
-        width = max(batch.attention.shape[1], new.attention.shape[1])
-        for layer, added in zip(batch.cache.layers, new.cache.layers, strict=True):
-            layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(added.keys, width, 2)])
-            layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(added.values, width, 2)])
-        batch.attention = torch.cat([_left_pad(batch.attention, width, 1), _left_pad(new.attention, width, 1)])
-        batch.positions = torch.cat([batch.positions, new.positions])
-        batch.logits = torch.cat([batch.logits, new.logits])
-        batch.rows.extend(new.rows)
-        batch.requests.update(new.requests)
-
-    def _prefill(self, joining: list[PendingSample]) -> _Batch:
-        """The joining requests' rows, ready to decode: each distinct prompt is read once (a group's `n` rows, and
-        the requests of one group, share theirs), its cache then copied for each of its rows."""
         requests = {pending: [_Row(pending) for _ in range(pending.request.n)] for pending in joining}
         rows = [row for request_rows in requests.values() for row in request_rows]
-        distinct: dict[tuple[int, ...], int] = {}
-        sources = [distinct.setdefault(tuple(row.pending.request.prompt_tokens), len(distinct)) for row in rows]
-        output, attention, positions = self._read_prompts(list(distinct))
-        if len(distinct) < len(rows):
-            if _resizable(output.cache):
-                index = torch.tensor(sources, device=attention.device)
-                output.cache.batch_select_indices(index)
-                output.logits, attention, positions = output.logits[index], attention[index], positions[index]
-            else:  # a cache whose rows cannot be copied: every row reads its prompt
-                output, attention, positions = self._read_prompts([row.pending.request.prompt_tokens for row in rows])
-        seed = joining[0].request.seed
-        return _Batch(
-            requests=requests,
-            rows=rows,
-            cache=output.cache,
-            attention=attention,
-            positions=positions[:, -1:],
-            logits=output.logits[:, -1, :].float(),
-            version=self.version,
-            generator=torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None,
-        )
-
-    def _read_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """One forward pass over the prompts, left-padded: the model's output (the last position's logits and the
-        cache), the attention mask and the position ids."""
-        width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for index, prompt in enumerate(prompts):
-            input_ids[index, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention[index, width - len(prompt) :] = 1
-        input_ids, attention = input_ids.to(self._device), attention.to(self._device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        output = self._model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
-        return output, attention, positions
+        logits = batch.kv.add_rows([tuple(row.pending.request.prompt_tokens) for row in rows])
+        batch.logits = torch.cat([batch.logits, logits]) if batch.rows else logits
+        batch.rows.extend(rows)
+        batch.requests.update(requests)
 
     def _decode(self) -> None:
         """Sample each row's next token, answer the requests whose rows have all ended, and feed the next tokens
@@ -330,20 +291,11 @@ class BatchedSampler:
         if not going_on:
             self._batch = None
             return
-        if batch.resizable and len(going_on) < len(batch.rows):
-            self._keep_rows(batch, going_on)
+        if batch.kv.resizable and len(going_on) < len(batch.rows):
+            batch.kv.keep_rows(going_on)
+            batch.rows = [batch.rows[index] for index in going_on]
             chosen = chosen[going_on]
-        batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1)
-        batch.positions = batch.positions + 1
-        output = self._model(
-            input_ids=chosen[:, None],
-            attention_mask=batch.attention,
-            position_ids=batch.positions,
-            cache=batch.cache,
-            use_cache=True,
-        )
-        batch.cache = output.cache
-        batch.logits = output.logits[:, -1, :].float()
+        batch.logits = batch.kv.decode(chosen)
 
     def _choose(self, batch: _Batch) -> torch.Tensor:
         chosen = torch.empty(len(batch.rows), dtype=torch.long, device=batch.logits.device)
@@ -383,26 +335,16 @@ class BatchedSampler:
             pending.result = [row.completion(batch.version) for row in batch.requests.pop(pending)]
         self._answered(ended)
 
-    def _answered(self, answered: Sequence[PendingSample]) -> None:
-        if not answered:
-            return
-        with self._turns:
-            for pending in answered:
-                pending.done.set()
-            self._turns.notify_all()
-
     @staticmethod
-    def _keep_rows(batch: _Batch, going_on: list[int]) -> None:
-        """Keep only the rows `going_on`, then drop the leading columns that are padding in all of them."""
-        keep = torch.tensor(going_on, device=batch.attention.device)
-        attention = batch.attention[keep]
-        padding = int((attention.shape[1] - attention.sum(dim=1)).min())
-        batch.rows = [batch.rows[index] for index in going_on]
-        batch.attention = attention[:, padding:]
-        batch.positions = batch.positions[keep]
-        batch.cache.batch_select_indices(keep)
-        for layer in batch.cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, padding:], layer.values[:, :, padding:]
+    def _answered(answered: Sequence[PendingSample]) -> None:
+        for pending in answered:
+            pending.done.set()
+
+    @classmethod
+    def _fail(cls, failed: Sequence[PendingSample], error: BaseException) -> None:
+        for pending in failed:
+            pending.error = error
+        cls._answered(failed)
 
 
 def choose_tokens(logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator) -> torch.Tensor:
