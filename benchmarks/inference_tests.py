@@ -1,15 +1,18 @@
 """Wall time of an inference test with its models run together, against each model alone and one after another.
 
     .venv/bin/python benchmarks/inference_tests.py [--environment gsm8k] [--steps 3] [--group-size 16]
-        [--max-new-tokens 64] [--repeats 2] [--added-latency-s 0]
+        [--max-new-tokens 64] [--repeats 2] [--added-latency-s 0] [--endpoint-threads -1]
 
-The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model names;
-each mode runs the same test through the service layer (one child process per model, the environment's own `process`
-mode). Printed: the wall time of each run (job start to end), per-model latency, and the ratios together / slowest
-alone (the goal: at most 1.2) and sequential / together. `--added-latency-s` puts a loopback front server before the
-inference server that delays every request, as a remote endpoint's round trip would (the tiny model itself answers
-in milliseconds, so without it the runs are bound by this machine's CPU, not by waiting). Nothing is downloaded: the
-tiny model is built locally, GSM8K problems come from the excerpt in tests/data/.
+The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model names,
+sampling with the intra-op threads a run's trainer gives its sampler (half of torch's default,
+`trainer.loop.split_cpu_threads`: one on 2 cores, leaving the other to the models' processes); `--endpoint-threads N`
+sets N instead (0: torch's default, every core). Each mode runs the same test through the service layer (one child
+process per model, the environment's own `process` mode). Printed: the wall time of each run (job start to end),
+per-model latency, and the ratios together / slowest alone (the goal: at most 1.2) and sequential / together.
+`--added-latency-s` puts a loopback front server before the inference server that delays every request, as a remote
+endpoint's round trip would (the tiny model itself answers in milliseconds, so without it the runs are bound by this
+machine's CPU, not by waiting). Nothing is downloaded: the tiny model is built locally, GSM8K problems come from the
+excerpt in tests/data/.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.app import register_job_kinds  # noqa: E402
@@ -33,6 +38,7 @@ from service.jobs.runner import JobRunner  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.conftest import TEST_DATA  # noqa: E402
 from tests.support.endpoints import fault_endpoint, tiny_model_endpoint  # noqa: E402
+from trainer.loop import split_cpu_threads  # noqa: E402
 from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 MODELS = ["bench/model-a", "bench/model-b", "bench/model-c"]
@@ -90,7 +96,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="gsm8k's completion length")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--added-latency-s", type=float, default=0.0, help="delay added to every request")
+    parser.add_argument(
+        "--endpoint-threads", type=int, default=-1, help="the endpoint's torch threads (-1: a run's; 0: torch's)"
+    )
     args = parser.parse_args()
+    if args.endpoint_threads < 0:
+        split_cpu_threads()  # the endpoint samples in this process; the models' processes are forked apart
+    elif args.endpoint_threads > 0:
+        torch.set_num_threads(args.endpoint_threads)
 
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-inference-") as tmp:
         root = Path(tmp)
@@ -102,7 +115,8 @@ def main() -> None:
             endpoint = delayed_endpoint if args.added_latency_s else model_endpoint
             print(
                 f"{args.environment}: {len(MODELS)} models x {args.steps} steps x {args.group_size} completions "
-                f"on the tiny model at {endpoint}, {args.added_latency_s:g} s added per request",
+                f"on the tiny model at {endpoint} ({torch.get_num_threads()} torch threads), "
+                f"{args.added_latency_s:g} s added per request",
                 flush=True,
             )
             sequential, concurrent, slowest_alone = [], [], []

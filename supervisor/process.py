@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -219,6 +220,19 @@ class SupervisedProcess:
             self._exit = self._recorded_exit(wait_s) or ExitStatus()
         return self._exit
 
+    def wait(self, timeout_s: float) -> ExitStatus | None:
+        """As `poll`, after waiting at most `timeout_s` for the process to end. Its end wakes the wait (the child's
+        own wait, or a pidfd for a fork or an adopted process), so a caller polling in a loop sees it at once."""
+        if (status := self.poll()) is not None:
+            return status
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout_s)
+        elif _await_end(self.identity, timeout_s) and self._forked:
+            # Its server reaps it and records its exit right away: until then poll() sees a zombie.
+            self._exit = self._recorded_exit(EXIT_RECORD_WAIT_S)
+        return self.poll()
+
     def _recorded_exit(self, wait_s: float = 0.0) -> ExitStatus | None:
         record = exit_path(self.log_path)
         status = read_exit(record, self.identity.pid, self.identity.start_time, START_TIME_TOLERANCE_S, wait_s)
@@ -279,6 +293,24 @@ def _pid_reused(identity: ProcessIdentity) -> bool:
 def _started_otherwise(identity: ProcessIdentity) -> bool:
     """Is the process now at identity's pid another one than the process identity names? Its start time says."""
     return not started_at(identity.pid, identity.start_time, START_TIME_TOLERANCE_S)
+
+
+def _await_end(identity: ProcessIdentity, timeout_s: float) -> bool:
+    """Waits at most `timeout_s` for the process to end (zombie or reaped); whether it has. A pidfd wakes at the end
+    of any process, not only of a child; without pidfds (Linux before 5.3) the time-out is slept out."""
+    try:
+        pidfd = os.pidfd_open(identity.pid)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        time.sleep(timeout_s)
+        return identity_liveness(identity) is Liveness.DEAD
+    try:
+        if _pid_reused(identity):  # the pidfd is of the process now at that pid: ours had ended before
+            return True
+        return bool(select.select([pidfd], [], [], timeout_s)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _zombie(pid: int) -> bool:

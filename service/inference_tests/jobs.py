@@ -329,8 +329,8 @@ class ModelRun:
         return stop_reason, status.describe() if status else "ended"
 
     def _wait(self, process: SupervisedProcess, deadline: float) -> str | None:
-        while process.poll() is None:
-            time.sleep(WAIT_INTERVAL_S)  # the child is polled, as the run supervisor polls its processes
+        # Between waits the records are read and the cancel and time-out checked; the child's end wakes the wait.
+        while process.wait(WAIT_INTERVAL_S) is None:
             self.reader.read()
             self.tracker.steps(self.model, len(self.reader.steps))
             if self.handle.cancelled:

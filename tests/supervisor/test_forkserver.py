@@ -531,3 +531,27 @@ def test_a_fork_leads_its_own_session_by_the_time_its_pid_is_answered(tmp_path: 
                 os.kill(pid, signal.SIGKILL)
         for pid in forked:
             wait_until(lambda pid=pid: not process_alive(pid), timeout=30, message="a fork is killed")
+
+
+UNTIL_TOLD = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\nraise SystemExit(5)\n"
+
+
+@pytest.mark.parametrize("how", ["forked", "started", "adopted"])
+def test_a_wait_ends_when_the_process_does_not_at_its_time_out(tmp_path: Path, server: ForkServer, how: str) -> None:
+    """`wait(3600)` returns with the process's end, whether a fork (a pidfd, then the server's record), a child of
+    ours (its own wait) or adopted after a restart (a pidfd; its code unknown)."""
+    script, told = tmp_path / "until_told.py", tmp_path / "told"
+    script.write_text(UNTIL_TOLD)
+    spawned = spawn_python(server if how == "forked" else None, tmp_path, "until-told", [str(script), str(told)])
+    process = SupervisedProcess.adopt("until-told", spawned.identity, spawned.log_path) if how == "adopted" else spawned
+    try:
+        assert process.wait(0.05) is None
+        waited: list[ExitStatus | None] = []
+        waiter = threading.Thread(target=lambda: waited.append(process.wait(3600)), daemon=True)
+        waiter.start()
+        told.touch()
+        wait_until(lambda: not waiter.is_alive(), timeout=60, message="the wait to end with the process")
+        assert waited == [ExitStatus() if how == "adopted" else ExitStatus(code=5)]
+    finally:
+        told.touch()
+        assert ended(spawned) == ExitStatus(code=5)  # the child of ours is reaped by its own object
