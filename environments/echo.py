@@ -17,6 +17,8 @@ from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, Scored
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from pydantic import Field
 
+from trajectories.training import reply_samples
+
 DIGITS = "0123456789"
 
 
@@ -38,14 +40,6 @@ def score_completion(completion: str, gold: str) -> float:
     makes `echo` a reward for dataset scoring and online dataset runs (docs/ENVIRONMENTS.md#scorers)."""
     defaults = EchoConfig.model_fields
     return score_reply(completion, gold, defaults["reply_tokens"].default, defaults["digit_weight"].default)
-
-
-def chat_tokens(tokenizer: Any, messages: list[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:
-    """Prompt (chat template with the generation prompt) + reply tokens, and masks (-100 on the prompt)."""
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    prompt_tokens = tokenizer.encode(prompt, add_special_tokens=False)
-    reply_tokens = tokenizer.encode(reply, add_special_tokens=False)
-    return prompt_tokens + reply_tokens, [-100] * len(prompt_tokens) + reply_tokens
 
 
 class EchoConfig(BaseEnvConfig):
@@ -135,12 +129,9 @@ class EchoEnv(BaseEnv):
         }
         if isinstance(self.server.servers[0], OpenAIServer):
             completion = await self.server.chat_completion(**kwargs)
-            samples = []
-            for choice in completion.choices:
-                text = choice.message.content or ""
-                tokens, masks = chat_tokens(self.tokenizer, messages, text)
-                samples.append((text, tokens, masks, [1.0] * len(tokens)))
-            return samples
+            return reply_samples(
+                self.tokenizer, messages, [choice.message.content or "" for choice in completion.choices]
+            )
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(**kwargs)
             nodes = managed.get_state()["nodes"]

@@ -19,6 +19,8 @@ from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, Scored
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from pydantic import Field
 
+from trajectories.training import reply_samples
+
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the problem step by step, then give the final answer as a number "
     "inside \\boxed{}, for example \\boxed{42}."
@@ -113,18 +115,6 @@ def _last_match(pattern: re.Pattern[str], text: str) -> str | None:
     return matches[-1] if matches else None
 
 
-def chat_tokens(tokenizer: Any, messages: list[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:
-    """Tokens of prompt + reply as a sampler would have produced them, and masks (-100 on the prompt).
-
-    For plain OpenAI endpoints, which return text only: the prompt is the chat template with the generation
-    prompt, the reply is appended as its own tokens.
-    """
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    prompt_tokens = tokenizer.encode(prompt, add_special_tokens=False)
-    reply_tokens = tokenizer.encode(reply, add_special_tokens=False)
-    return prompt_tokens + reply_tokens, [-100] * len(prompt_tokens) + reply_tokens
-
-
 def load_split(split: str) -> list[dict[str, str]]:
     """GSM8K rows ({question, answer}) from RLCTL_GSM8K_PATH, else from the Hugging Face hub."""
     directory = os.environ.get("RLCTL_GSM8K_PATH")
@@ -217,12 +207,9 @@ class GSM8KEnv(BaseEnv):
         kwargs["temperature"] = self.config.temperature
         if isinstance(self.server.servers[0], OpenAIServer):
             completion = await self.server.chat_completion(**kwargs)
-            samples = []
-            for choice in completion.choices:
-                text = choice.message.content or ""
-                tokens, masks = chat_tokens(self.tokenizer, messages, text)
-                samples.append((text, tokens, masks, [1.0] * len(tokens)))
-            return samples
+            return reply_samples(
+                self.tokenizer, messages, [choice.message.content or "" for choice in completion.choices]
+            )
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(**kwargs)
             nodes = managed.get_state()["nodes"]

@@ -95,6 +95,22 @@ def training_tokens(tokenizer: ChatTokenizer, messages: Sequence[dict[str, str]]
     return tokens + rest, masks + [PROMPT_MASK] * len(rest)
 
 
+def reply_samples(
+    tokenizer: ChatTokenizer, messages: Sequence[dict[str, str]], replies: Sequence[str]
+) -> list[tuple[str, list[int], list[int], list[float]]]:
+    """Each reply of a plain OpenAI endpoint (text only) as a rollout: (reply, prompt + reply tokens, masks with
+    -100 on the prompt, placeholder logprobs of 1.0). The prompt is the chat template with the generation prompt,
+    rendered and encoded once for all the replies; each reply is appended as its own tokens."""
+    prompt = _encode(tokenizer, _render(tokenizer, messages, generation_prompt=True))
+    samples = []
+    for reply in replies:
+        tokens = _encode(tokenizer, reply)
+        samples.append(
+            (reply, prompt + tokens, [PROMPT_MASK] * len(prompt) + tokens, [1.0] * (len(prompt) + len(tokens)))
+        )
+    return samples
+
+
 def _render(tokenizer: ChatTokenizer, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
     return str(tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt))
 

@@ -14,6 +14,7 @@ from trajectories.training import (
     chat_messages,
     has_assistant_turn,
     prompt_messages,
+    reply_samples,
     training_tokens,
 )
 
@@ -81,3 +82,27 @@ def test_prompt_messages_stop_at_the_first_assistant_turn() -> None:
     ]
     assert has_assistant_turn(record)
     assert not has_assistant_turn(record_from_dict({"conversations": [{"from": "human", "value": "hi"}]}))
+
+
+def test_replies_of_a_text_endpoint_share_one_rendering_of_their_prompt(tokenizer: Any) -> None:
+    class Counting:
+        renders = 0
+
+        def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+            Counting.renders += 1
+            return tokenizer.apply_chat_template(messages, **kwargs)
+
+        def encode(self, text: str, **kwargs: Any) -> list[int]:
+            return tokenizer.encode(text, **kwargs)
+
+    messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": "2 + 2?"}]
+    samples = reply_samples(Counting(), messages, ["4", "It is 4.", ""])
+    assert Counting.renders == 1
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
+    for (reply, tokens, masks, logprobs), text in zip(samples, ["4", "It is 4.", ""], strict=True):
+        assert reply == text and tokens[: len(prompt)] == prompt
+        assert tokenizer.decode(tokens[len(prompt) :]) == text
+        assert masks == [PROMPT_MASK] * len(prompt) + tokens[len(prompt) :]
+        assert logprobs == [1.0] * len(tokens)
