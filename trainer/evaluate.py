@@ -69,7 +69,10 @@ def local_models(spec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], ModelSa
     with tempfile.TemporaryDirectory() as scratch:
         for model in spec["models"]:
             backend = backend_for(spec, model.get("weights"), scratch)
-            yield model, backend
+            try:
+                yield model, backend
+            finally:
+                backend.close()  # its sampling thread holds the model until then
             del backend
 
 

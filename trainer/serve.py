@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving {args.model}{' + ' + args.adapter if args.adapter else ''} at {server.address}/v1", flush=True)
         done.wait()
         server.stop()
+        backend.close()
     return 0
 
 

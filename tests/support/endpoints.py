@@ -42,6 +42,7 @@ def tiny_model_endpoint(model_dir: Path, run_dir: Path, model_names: Sequence[st
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         server.stop()
+        backend.close()
 
 
 def fault_app(upstream: str, delay_s: float = 0.0) -> FastAPI:

@@ -44,6 +44,7 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield f"http://127.0.0.1:{port}", backend
     finally:
         server.stop()
+        backend.close()
 
 
 def test_health_and_models(served: tuple[str, LocalBackend]) -> None:

@@ -141,6 +141,7 @@ def test_ppo_stops_pushing_tokens_already_far_likelier_than_sampled(tiny_model_d
     clipped = LocalBackend(make_config(tiny_model_dir, tmp_path / "ppo"))
     assert clipped._config.loss.name == "ppo"
     _, data = datums_for(clipped, prompt_tokens(clipped), advantage=1.0)
+    clipped.close()  # sampled once: its sampling thread is not needed any more
     data = stale(data, gap=2.0)  # ratio e² ≈ 7.4 on every completion token
     result = clipped.forward_backward(data)
     assert result.loss_sum == pytest.approx(-1.2 * sum(sum(d.advantages) for d in data), abs=1e-4)
