@@ -77,7 +77,7 @@ def test_the_shared_prefix_cache_matches_transformers_cache_and_holds_each_promp
     with torch.inference_mode():
         logits = same([cache.add_rows([tuple(one)] * 4 + [tuple(two)] * 2) for cache in caches])
         assert shared.prompt_count == 2 and shared.prompt_keys[0].shape[0] == 2  # not one per row
-        assert shared.row_keys[0].shape[0] == 6
+        assert shared.row_keys[0].shape[0] == 6 and shared.grid.line_prompt is None  # a line per prompt
         logits = decode(logits, 5)
         # Rows join: one prompt already held (not read again) and a new one, shorter than the held width.
         passes = shared_model.passes
@@ -93,3 +93,21 @@ def test_the_shared_prefix_cache_matches_transformers_cache_and_holds_each_promp
         assert shared.prompt_count == 2
         assert shared.prompt_keys[0].shape[2] == max(len(one), len(three))
         decode(logits, 5)
+
+
+def test_a_prompt_of_many_rows_beside_prompts_of_few_is_read_in_lines(backend: LocalBackend) -> None:
+    """Twelve rows of one prompt and one row each of two others: one line per prompt would leave most cells of
+    the grid empty, so the twelve rows take lines of their own (about the mean per prompt), with the same logits."""
+    many, few, other = (tuple(chat_prompt(backend, "Echo: " + "3" * length)) for length in (2, 9, 30))
+    shared_model, padded_model = Counted(backend, shared_prefix=True), Counted(backend, shared_prefix=False)
+    shared = SharedPrefixCache(shared_model.model, backend._device)
+    padded = PaddedCache(padded_model.model, backend.tokenizer.pad_token_id or 0, backend._device)
+    with torch.inference_mode():
+        results = [cache.add_rows([many] * 12 + [few, other]) for cache in (shared, padded)]
+        for _ in range(6):
+            torch.testing.assert_close(results[0], results[1], atol=1e-4, rtol=1e-4)
+            tokens = results[0].argmax(dim=-1)
+            results = [cache.decode(tokens) for cache in (shared, padded)]
+        grid = shared.grid
+        assert grid.line_prompt is not None and grid.depth == 5 and grid.lines == 5  # 12 rows in 3 lines, 1, 1
+        assert sorted(grid.cell.tolist()) == sorted(set(grid.cell.tolist()))  # a cell per row

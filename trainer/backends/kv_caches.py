@@ -291,39 +291,55 @@ class _DecodeStep:
     def _prompt_part(self, layer: int, grouped: torch.Tensor, scale: float) -> _Partial:
         cache, grid = self._cache, self._cache.grid
         rows, kv_heads, group, dim = grouped.shape
-        prompts, depth = grid.prompts, grid.depth
-        # [prompts * depth, ...] with each row at its cell, then [prompts, kv_heads, depth * group, dim].
-        cells = grouped.new_zeros((prompts * depth, kv_heads, group, dim)).index_copy_(0, grid.cell, grouped)
-        cells = cells.view(prompts, depth, kv_heads, group, dim).transpose(1, 2).reshape(prompts, kv_heads, -1, dim)
-        scores = torch.matmul(cells, cache.prompt_keys[layer].transpose(-1, -2)).float()
-        part = _Partial.over(scores.mul_(scale).add_(cache.prompt_bias), cache.prompt_values[layer])
+        lines, depth = grid.lines, grid.depth
+        # [lines * depth, ...] with each row at its cell, then [lines, kv_heads, depth * group, dim].
+        cells = grouped.new_zeros((lines * depth, kv_heads, group, dim)).index_copy_(0, grid.cell, grouped)
+        cells = cells.view(lines, depth, kv_heads, group, dim).transpose(1, 2).reshape(lines, kv_heads, -1, dim)
+        keys, values = grid.per_line(cache.prompt_keys[layer]), grid.per_line(cache.prompt_values[layer])
+        scores = torch.matmul(cells, keys.transpose(-1, -2)).float()
+        part = _Partial.over(scores.mul_(scale).add_(grid.per_line(cache.prompt_bias)), values)
 
         def per_row(tensor: torch.Tensor) -> torch.Tensor:
             width = tensor.shape[-1]
-            by_cell = tensor.view(prompts, kv_heads, depth, group, width).transpose(1, 2)
-            return by_cell.reshape(prompts * depth, kv_heads, group, width).index_select(0, grid.cell)
+            by_cell = tensor.view(lines, kv_heads, depth, group, width).transpose(1, 2)
+            return by_cell.reshape(lines * depth, kv_heads, group, width).index_select(0, grid.cell)
 
         return _Partial(per_row(part.weighted), per_row(part.total), per_row(part.peak))
 
 
 @dataclass(frozen=True)
 class _Grid:
-    """Rows laid out by prompt: row r sits at cell `cell[r]` = its prompt * depth + its place among that
-    prompt's rows; `depth` is the most rows any prompt has."""
+    """Rows laid out in lines of at most `depth` rows of one prompt: row r sits at cell `cell[r]` (its line *
+    depth + its place in the line). Each prompt is one line, unless that would leave more than half of the cells
+    empty (a prompt of many rows beside prompts of few): then the lines hold about the mean number of rows per
+    prompt, and `line_prompt` names each line's prompt, whose keys that step gathers per line."""
 
-    prompts: int
+    lines: int
     depth: int
     cell: torch.Tensor
+    line_prompt: torch.Tensor | None  # None: line i is prompt i
 
     @classmethod
     def of(cls, row_prompt: torch.Tensor, prompts: int) -> _Grid:
-        counts = torch.bincount(row_prompt, minlength=prompts)
+        rows = len(row_prompt)
+        counts = torch.bincount(row_prompt, minlength=prompts)  # every prompt held has rows
         order = torch.argsort(row_prompt, stable=True)
         starts = counts.cumsum(0) - counts
         place = torch.empty_like(row_prompt)
-        place[order] = torch.arange(len(row_prompt), device=row_prompt.device) - starts[row_prompt[order]]
-        depth = int(counts.max()) if len(row_prompt) else 1
-        return cls(prompts, depth, row_prompt * depth + place)
+        place[order] = torch.arange(rows, device=row_prompt.device) - starts[row_prompt[order]]
+        depth = int(counts.max())
+        if prompts * depth <= 2 * rows:
+            return cls(prompts, depth, row_prompt * depth + place, None)
+        depth = -(-rows // prompts)
+        lines_per_prompt = (counts + depth - 1) // depth
+        first_line = lines_per_prompt.cumsum(0) - lines_per_prompt
+        line = first_line[row_prompt] + place // depth
+        line_prompt = torch.repeat_interleave(torch.arange(prompts, device=row_prompt.device), lines_per_prompt)
+        return cls(len(line_prompt), depth, line * depth + place % depth, line_prompt)
+
+    def per_line(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor of one entry per prompt as one entry per line."""
+        return tensor if self.line_prompt is None else tensor.index_select(0, self.line_prompt)
 
 
 class SharedPrefixCache:
