@@ -86,6 +86,7 @@ RUN_PRELOAD = (
     "rich.console",
     "rich.pretty",
     "trainer.loop",
+    "trajectories.training",  # the shipped environments' text replies as rollouts
     "transformers.models.qwen3.modeling_qwen3",
     "trainer.backends.local:warm_up",
 )
