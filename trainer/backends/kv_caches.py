@@ -59,17 +59,10 @@ def supports_shared_prefix(config: Any) -> bool:
     return config.model_type in SHARED_PREFIX_MODEL_TYPES and all(kind == "full_attention" for kind in layer_types)
 
 
-def new_row_cache(model: nn.Module, pad_id: int, device: torch.device) -> RowCache:
-    """The cache for a new batch of `model`'s rows: shared-prefix where `use_shared_prefix` switched it on."""
-    config: Any = model.config
-    if config._attn_implementation == ATTENTION_NAME:
-        return SharedPrefixCache(model, device)
-    return PaddedCache(model, pad_id, device)
-
-
 def use_shared_prefix(model: nn.Module) -> bool:
     """Switches `model` (the sampler's own copy: its config is its own) to the shared-prefix attention, where its
-    architecture allows; from then on only a `SharedPrefixCache` can run it. Whether it did."""
+    architecture allows; from then on only a `SharedPrefixCache` can run it, else only a `PaddedCache`. Whether
+    it did."""
     if not supports_shared_prefix(model.config):
         return False
     switch: Any = model.set_attn_implementation
@@ -95,6 +88,11 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int, value: float = 0.0) ->
     if missing <= 0:
         return tensor
     return functional.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0], value=value)
+
+
+def _beside(held: torch.Tensor, added: torch.Tensor, width: int, dim: int, value: float = 0.0) -> torch.Tensor:
+    """`added`'s rows after `held`'s, both left-padded with `value` to `width` in dimension `dim`."""
+    return torch.cat([_left_pad(held, width, dim, value), _left_pad(added, width, dim, value)])
 
 
 # --- transformers' own cache, a copy of the prompt per row ------------------------------------------------------
@@ -152,9 +150,9 @@ class PaddedCache:
         """The new rows go beside the held ones, the shorter side's cache and mask padded on the left."""
         width = max(self._attention.shape[1], attention.shape[1])
         for layer, added in zip(self._cache.layers, cache.layers, strict=True):
-            layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(added.keys, width, 2)])
-            layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(added.values, width, 2)])
-        self._attention = torch.cat([_left_pad(self._attention, width, 1), _left_pad(attention, width, 1)])
+            layer.keys = _beside(layer.keys, added.keys, width, 2)
+            layer.values = _beside(layer.values, added.values, width, 2)
+        self._attention = _beside(self._attention, attention, width, 1)
         self._positions = torch.cat([self._positions, positions])
 
     def keep_rows(self, rows: Sequence[int]) -> None:
@@ -395,46 +393,34 @@ class SharedPrefixCache:
             logits_to_keep=1,
             **{_STEP_ARGUMENT: reading},
         )
-        layers = sorted(reading.keys)
+        keys = [reading.keys[layer] for layer in sorted(reading.keys)]
+        values = [reading.values[layer] for layer in sorted(reading.values)]
         bias = torch.zeros(mask.shape, device=self._device).masked_fill_(mask == 0, -torch.inf)[:, None, None, :]
-        if not self.prompt_keys:
-            self.prompt_keys = [reading.keys[layer] for layer in layers]
-            self.prompt_values = [reading.values[layer] for layer in layers]
-            self.prompt_bias = bias
-            self._prompt_logits = output.logits[:, -1, :].float()
-        else:
+        logits = output.logits[:, -1, :].float()
+        if self.prompt_keys:  # beside the prompts held, the narrower side padded on the left
             width = max(self.prompt_bias.shape[-1], bias.shape[-1])
-            self.prompt_keys = [self._beside(held, reading.keys[i], width) for i, held in enumerate(self.prompt_keys)]
-            self.prompt_values = [
-                self._beside(held, reading.values[i], width) for i, held in enumerate(self.prompt_values)
-            ]
-            self.prompt_bias = torch.cat(
-                [_left_pad(self.prompt_bias, width, 3, -torch.inf), _left_pad(bias, width, 3, -torch.inf)]
-            )
-            self._prompt_logits = torch.cat([self._prompt_logits, output.logits[:, -1, :].float()])
+            keys = [_beside(held, new, width, 2) for held, new in zip(self.prompt_keys, keys, strict=True)]
+            values = [_beside(held, new, width, 2) for held, new in zip(self.prompt_values, values, strict=True)]
+            bias = _beside(self.prompt_bias, bias, width, 3, -torch.inf)
+            logits = torch.cat([self._prompt_logits, logits])
+        self.prompt_keys, self.prompt_values, self.prompt_bias, self._prompt_logits = keys, values, bias, logits
         self._prompt_lengths = torch.cat([self._prompt_lengths, mask.sum(dim=1)])
         for prompt in prompts:
             self._prompt_index[prompt] = len(self._prompt_index)
 
-    @staticmethod
-    def _beside(held: torch.Tensor, added: torch.Tensor, width: int) -> torch.Tensor:
-        return torch.cat([_left_pad(held, width, 2), _left_pad(added, width, 2)])
-
     def _grow_rows(self, added: int) -> None:
         """Room for `added` more rows, each with the capacity of the others (a first batch: a small one)."""
-        if not self.row_keys:
-            capacity = _FIRST_ROW_CAPACITY
-            self.row_keys = [self._empty_rows(keys, added, capacity) for keys in self.prompt_keys]
-            self.row_values = [self._empty_rows(values, added, capacity) for values in self.prompt_values]
-            return
-        self.row_keys = [torch.cat([keys, self._empty_rows(keys, added, keys.shape[2])]) for keys in self.row_keys]
-        self.row_values = [
-            torch.cat([values, self._empty_rows(values, added, values.shape[2])]) for values in self.row_values
-        ]
+        capacity = self.row_keys[0].shape[2] if self.row_keys else _FIRST_ROW_CAPACITY
+        self.row_keys = self._with_empty_rows(self.row_keys, self.prompt_keys, added, capacity)
+        self.row_values = self._with_empty_rows(self.row_values, self.prompt_values, added, capacity)
 
     @staticmethod
-    def _empty_rows(like: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
-        return like.new_zeros((rows, like.shape[1], capacity, like.shape[3]))
+    def _with_empty_rows(
+        held: list[torch.Tensor], like: list[torch.Tensor], added: int, capacity: int
+    ) -> list[torch.Tensor]:
+        """Per layer, `held`'s rows and then `added` empty ones (heads and dim as in `like`)."""
+        empty = [layer.new_zeros((added, layer.shape[1], capacity, layer.shape[3])) for layer in like]
+        return [torch.cat([rows, more]) for rows, more in zip(held, empty, strict=True)] if held else empty
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """A prompt no row reads any more is dropped, and then the columns that are padding in every prompt."""

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from trainer.backends.base import Completion, SamplingRequest
-from trainer.backends.kv_caches import RowCache, new_row_cache, use_shared_prefix
+from trainer.backends.kv_caches import PaddedCache, RowCache, SharedPrefixCache, use_shared_prefix
 
 # Rows (completions) in one batch: bounds the KV cache; a request never splits across batches.
 MAX_BATCH_ROWS = 256
@@ -256,7 +256,7 @@ class BatchedSampler:
             self._batch = _Batch(
                 requests={},
                 rows=[],
-                kv=new_row_cache(self._model, self._pad_id, self._device),
+                kv=self._new_cache(),
                 logits=torch.zeros(0),
                 version=self.version,
                 generator=torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None,
@@ -268,6 +268,11 @@ class BatchedSampler:
         batch.logits = torch.cat([batch.logits, logits]) if batch.rows else logits
         batch.rows.extend(rows)
         batch.requests.update(requests)
+
+    def _new_cache(self) -> RowCache:
+        if self.shared_prefix:
+            return SharedPrefixCache(self._model, self._device)
+        return PaddedCache(self._model, self._pad_id, self._device)
 
     def _decode(self) -> None:
         """Sample each row's next token, answer the requests whose rows have all ended, and feed the next tokens
