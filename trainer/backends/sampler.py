@@ -132,8 +132,8 @@ class BatchedSampler:
         self._model.eval()
         self.shared_prefix = shared_prefix and use_shared_prefix(self._model)
         sampler_parameters = dict(self._model.named_parameters())
-        self._names = [name for name, parameter in training_model.named_parameters() if parameter.requires_grad]
-        self._targets = [sampler_parameters[name] for name in self._names]
+        trainable = [name for name, parameter in training_model.named_parameters() if parameter.requires_grad]
+        self._targets = [sampler_parameters[name] for name in trainable]
         self._tokenizer = tokenizer
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._device = device
@@ -195,10 +195,8 @@ class BatchedSampler:
         while self._has_work():
             self._step()
         with self._work:
-            failed = [*self._queue, *(self._batch.requests if self._batch is not None else ())]
-            self._queue.clear()
-        self._batch = None
-        self._fail(failed, RuntimeError("the sampler was closed"))
+            waiting, self._queue = self._queue, []
+        self._fail_batch(waiting, RuntimeError("the sampler was closed"))
 
     def _has_work(self) -> bool:
         """Waits until there is a request or a batch to sample; False once the sampler is closed."""
@@ -219,9 +217,7 @@ class BatchedSampler:
                 if self._batch is not None:
                     self._decode()
         except BaseException as error:  # noqa: BLE001 - every request of the batch gets the failure
-            failed = [*joining, *(self._batch.requests if self._batch is not None else ())]
-            self._batch = None
-            self._fail(failed, error)
+            self._fail_batch(joining, error)
 
     def _take_joining(self) -> list[PendingSample]:
         """The oldest waiting requests, in order, up to MAX_BATCH_ROWS rows (the first of a new batch whatever
@@ -345,11 +341,13 @@ class BatchedSampler:
         for pending in answered:
             pending.done.set()
 
-    @classmethod
-    def _fail(cls, failed: Sequence[PendingSample], error: BaseException) -> None:
+    def _fail_batch(self, others: Sequence[PendingSample], error: BaseException) -> None:
+        """The batch is dropped; its requests and `others` get `error`."""
+        failed = [*others, *(self._batch.requests if self._batch is not None else ())]
+        self._batch = None
         for pending in failed:
             pending.error = error
-        cls._answered(failed)
+        self._answered(failed)
 
 
 def choose_tokens(logits: torch.Tensor, request: SamplingRequest, generator: torch.Generator) -> torch.Tensor:
