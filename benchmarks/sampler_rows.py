@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.backends.base import SamplingRequest  # noqa: E402
 from trainer.backends.local import LocalBackend  # noqa: E402
-from trainer.backends.sampler import BatchedSampler  # noqa: E402
 from trainer.config import parse_config  # noqa: E402
 from trainer.tiny_model import init_tiny_model  # noqa: E402
 
@@ -88,32 +87,26 @@ def main() -> None:
                 },
             }
         )
-        backend = LocalBackend(config)
-        prompts = chat_prompts(backend, args.prompts, args.prompt_tokens)
-        print(
-            f"tiny model, {torch.get_num_threads()} torch threads; {args.prompts} prompt(s) of {len(prompts[0])} "
-            f"tokens, {args.new_tokens} new tokens per row, {ROWS_PER_REQUEST} rows per request",
-            flush=True,
-        )
         medians: dict[str, dict[int, float]] = {}
         for kind in ("shared_prefix", "padded"):
-            backend._sampler.close()
-            backend._sampler = BatchedSampler(
-                backend.model,
-                backend.tokenizer,
-                backend._device,
-                backend._sample_generator,
-                shared_prefix=kind == "shared_prefix",
-            )
+            backend = LocalBackend(config, shared_prefix=kind == "shared_prefix")
+            prompts = chat_prompts(backend, args.prompts, args.prompt_tokens)
+            if not medians:
+                print(
+                    f"tiny model, {torch.get_num_threads()} torch threads; {args.prompts} prompt(s) of "
+                    f"{len(prompts[0])} tokens, {args.new_tokens} new tokens per row, {ROWS_PER_REQUEST} rows per "
+                    "request",
+                    flush=True,
+                )
             batch_seconds(backend, prompts, ROWS[0], args.new_tokens)  # warm-up
             medians[kind] = {}
             for rows in ROWS:
                 times = [batch_seconds(backend, prompts, rows, args.new_tokens) for _ in range(args.repeats)]
                 medians[kind][rows] = statistics.median(times)
+            backend.close()
             row_text = ", ".join(f"{rows} rows {seconds:.3f} s" for rows, seconds in medians[kind].items())
             growth = ", ".join(f"{rows}/16 {medians[kind][rows] / medians[kind][16]:.2f}x" for rows in ROWS[1:])
             print(f"{kind:>14}: {row_text}; {growth}", flush=True)
-        backend.close()
     speedup = ", ".join(f"{rows} rows {medians['padded'][rows] / medians['shared_prefix'][rows]:.2f}x" for rows in ROWS)
     print(f"shared-prefix speed-up over a copy per row: {speedup}")
 

@@ -14,7 +14,6 @@ import torch
 from tests.support.waiting import wait_until
 from trainer.backends.base import SamplingRequest
 from trainer.backends.local import LocalBackend
-from trainer.backends.sampler import BatchedSampler
 from trainer.config import TrainerConfig, parse_config
 from trainer.grpo import TrainingDatum, build_datum
 
@@ -43,16 +42,14 @@ def backend(tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalBackend]:
 
 
 @pytest.fixture(params=["shared_prefix", "padded"])
-def sampling(request: pytest.FixtureRequest, backend: LocalBackend) -> LocalBackend:
-    """The backend with each kind of the sampler's cache (docs/TRAINER.md#local-sampling): the tiny model's
+def sampling(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalBackend]:
+    """A backend with each kind of the sampler's cache (docs/TRAINER.md#local-sampling): the tiny model's
     architecture gets the shared-prefix one; every other architecture the padded one."""
-    if request.param == "padded":
-        backend._sampler.close()
-        backend._sampler = BatchedSampler(
-            backend.model, backend.tokenizer, backend._device, backend._sample_generator, shared_prefix=False
-        )
-    assert backend._sampler.shared_prefix == (request.param == "shared_prefix")
-    return backend
+    shared_prefix = request.param == "shared_prefix"
+    backend = LocalBackend(make_config(tiny_model_dir, tmp_path / "run"), shared_prefix=shared_prefix)
+    assert backend._sampler.shared_prefix == shared_prefix
+    yield backend
+    backend.close()
 
 
 def chat_prompt(backend: LocalBackend, content: str) -> list[int]:

@@ -91,7 +91,11 @@ def warm_up() -> None:
 class LocalBackend(TrainingBackend):
     name = "local"
 
-    def __init__(self, config: TrainerConfig, resume_from: Checkpoint | None = None) -> None:
+    def __init__(
+        self, config: TrainerConfig, resume_from: Checkpoint | None = None, shared_prefix: bool = True
+    ) -> None:
+        """`shared_prefix`: the sampler holds each prompt once where the architecture allows (off: a copy per row,
+        as for every other architecture; docs/TRAINER.md#local-sampling)."""
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -128,7 +132,9 @@ class LocalBackend(TrainingBackend):
         self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
         if resume_from is not None:
             self._load_checkpoint(Path(resume_from.path))
-        self._sampler = BatchedSampler(self.model, self.tokenizer, self._device, self._sample_generator)
+        self._sampler = BatchedSampler(
+            self.model, self.tokenizer, self._device, self._sample_generator, shared_prefix=shared_prefix
+        )
 
     def _stop_token_ids(self, model: nn.Module) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
