@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
 from service.context import AppContext
-from service.db.json_sql import iso_utc, json_bool, json_object
+from service.db.json_sql import iso_utc, json_array_agg, json_bool, json_object
 from service.db.models import Run, RunProcess
 from service.db.plans import Read, ReadPlan, run_plan_on
 from service.db.rows import load_row
@@ -92,15 +92,25 @@ LIVE_STATUS = {
     Liveness.UNKNOWN: ProcessStatus.UNKNOWN,
 }
 RUN_COLUMNS = Run.__table__.c
-# A run's record (GET /runs/{id}): its row and its processes' (ProcessOut's fields), in one plain statement, a row
-# per process (one, its process columns null, for a run with none). Built once, the run id a bound parameter.
 PROCESS_KEYS = tuple(ProcessOut.model_fields)
 PROCESS_COLUMNS = RunProcess.__table__.c
-_RUN_RECORD = (
-    select(Run.__table__, *(PROCESS_COLUMNS[key].label(f"process_{key}") for key in PROCESS_KEYS))
-    .select_from(Run.__table__.outerjoin(RunProcess.__table__))
-    .where(RUN_COLUMNS.id == bindparam("run_id"))
-    .order_by(PROCESS_COLUMNS.id)
+
+
+def _process_value(key: str) -> ColumnElement[Any]:
+    column = PROCESS_COLUMNS[key]
+    return iso_utc(column) if isinstance(column.type, UTCDateTime) else column
+
+
+# A run's record (GET /runs/{id}), built once, the run id a bound parameter: one row, the run's columns and its
+# processes (ProcessOut's fields) as one JSON array. A join would repeat the run's columns per process, and the
+# driver would decode its JSON columns, the config's kilobytes among them, once per process.
+_PROCESSES_JSON = (
+    select(json_array_agg({key: _process_value(key) for key in ("id", *PROCESS_KEYS)}))
+    .where(PROCESS_COLUMNS.run_id == RUN_COLUMNS.id)
+    .scalar_subquery()
+)
+_RUN_RECORD = select(Run.__table__, _PROCESSES_JSON.label("processes_json")).where(
+    RUN_COLUMNS.id == bindparam("run_id")
 )
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
@@ -280,8 +290,13 @@ def run_record_plan(ctx: AppContext, run_id: str) -> ReadPlan[RunOut]:
         raise RunNotFound.for_id(run_id)
     run = rows[0]
     queue_position = yield from _queue_position_plan(run)
-    processes = [dict(zip(PROCESS_KEYS, row[-len(PROCESS_KEYS) :], strict=True)) for row in rows if row.process_role]
-    return _run_out(ctx, run, processes, queue_position)
+    return _run_out(ctx, run, _processes_in_order(run.processes_json), queue_position)
+
+
+def _processes_in_order(processes_json: str | None) -> list[dict[str, Any]]:
+    """`_PROCESSES_JSON`'s processes in the order they were recorded (an aggregate keeps none), without ids."""
+    processes = sorted(json.loads(processes_json or "[]"), key=lambda process: process["id"])
+    return [{key: process[key] for key in PROCESS_KEYS} for process in processes]
 
 
 def _queue_position(session: Session | Connection, run: Run | Row[Any]) -> int | None:

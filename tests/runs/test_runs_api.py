@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from service.db.engine import Database
-from service.db.models import Run, RunMetric
+from service.db.models import Run, RunMetric, RunProcess
 from service.runs.metrics import upsert_metrics
 from service.runs.paths import RunPaths
 from service.runs.schemas import RunSummary
@@ -143,6 +143,54 @@ def test_a_listed_run_reads_exactly_as_its_record(service: Service, database_url
             assert run == {key: record[key] for key in RunSummary.model_fields}
     assert listed[1]["created_at"] == "2026-03-04T05:06:06.999999Z" and listed[1]["stalled"] is True
     assert listed[0]["created_at"] == "2026-03-04T05:06:07Z" and listed[0]["ended_at"] is None
+
+
+def test_a_record_lists_its_processes_in_the_order_they_were_recorded(service: Service, database_url: str) -> None:
+    """The record's processes come from one JSON array the database aggregates (in no order of its own): they must
+    read as their rows do, in the order recorded, datetimes and nulls included; a run with none lists none."""
+    moment = datetime(2026, 3, 4, 5, 6, 7, 120_000, tzinfo=UTC)
+    roles = [("trainer", 41, "exited", 0, None), ("api", 40, "running", None, None), ("env", None, "exited", -9, 9)]
+    recorded = Run(id="procs", environment="echo", backend="local", status="running", created_at=moment, config={})
+    recorded.processes = [
+        RunProcess(
+            role=role,
+            pid=pid,
+            status=status,
+            exit_code=exit_code,
+            signal=signal,
+            log_path=f"/logs/{role}.log" if pid else None,
+            started_at=moment + timedelta(seconds=index) if pid else None,
+            ended_at=moment + timedelta(hours=1) if exit_code is not None else None,
+        )
+        for index, (role, pid, status, exit_code, signal) in enumerate(roles)
+    ]
+    bare = Run(id="noprocs", environment="echo", backend="local", status="queued", created_at=moment, config={})
+    add_runs(database_url, recorded, bare)
+    with service.client() as client:
+        processes = client.get("/runs/procs").json()["processes"]
+        assert client.get("/runs/noprocs").json()["processes"] == []
+    assert [process["role"] for process in processes] == ["trainer", "api", "env"]
+    assert processes[0] == {
+        "role": "trainer",
+        "pid": 41,
+        "status": "exited",
+        "exit_code": 0,
+        "signal": None,
+        "log_path": "/logs/trainer.log",
+        "started_at": "2026-03-04T05:06:07.120000Z",
+        "ended_at": "2026-03-04T06:06:07.120000Z",
+    }
+    assert processes[1]["started_at"] == "2026-03-04T05:06:08.120000Z" and processes[1]["ended_at"] is None
+    assert processes[2] == {
+        "role": "env",
+        "pid": None,
+        "status": "exited",
+        "exit_code": -9,
+        "signal": 9,
+        "log_path": None,
+        "started_at": None,
+        "ended_at": "2026-03-04T06:06:07.120000Z",
+    }
 
 
 def test_metrics_filter_by_name_and_step_range(service: Service, database_url: str) -> None:
