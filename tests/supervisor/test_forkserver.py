@@ -512,6 +512,32 @@ def test_each_fork_has_its_own_of_the_temporary_directories_imported_modules_kee
         fork_server.close()
 
 
+def test_a_fork_runs_its_own_finalizers_at_exit_and_leaves_the_servers_to_the_server(tmp_path: Path) -> None:
+    """As torch's operator libraries: registered by the preload to be finalized at exit, they are the server's."""
+    (tmp_path / "finalized_at_exit.py").write_text(
+        "import os, weakref\n"
+        "class Held: pass\n"
+        "HELD = Held()\n"
+        "def mark(who): open(os.environ['FINALIZED_LOG'], 'a').write(f'{who} {os.getpid()}\\n')\n"
+        "weakref.finalize(HELD, mark, 'preloaded')\n"
+    )
+    log = tmp_path / "finalized.log"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FINALIZED_LOG": str(log)}
+    fork_server = ForkServer(["finalized_at_exit"], env)
+    script = tmp_path / "own.py"
+    script.write_text(
+        "import weakref, finalized_at_exit\nweakref.finalize(finalized_at_exit.Held(), lambda: 0)\n"
+        "OWN = finalized_at_exit.Held()\nweakref.finalize(OWN, finalized_at_exit.mark, 'own')\n"
+    )
+    try:
+        assert fork_server.start() and fork_server.preload_failures == []
+        process = spawn_python(fork_server, tmp_path, "own", [str(script)], env)
+        assert ended(process) == ExitStatus(code=0)
+        assert log.read_text().split("\n") == [f"own {process.identity.pid}", ""]
+    finally:
+        close_and_wait(fork_server)
+
+
 def test_a_fork_leads_its_own_session_by_the_time_its_pid_is_answered(tmp_path: Path, server: ForkServer) -> None:
     # A kill of the session named by the answered pid must reach the fork at once: a fork that had not yet
     # called setsid was missed by a runner's close, and outlived it (seen in CI, on a loaded machine).
