@@ -72,6 +72,7 @@ class _ParsedFiles:
         if not isinstance(state, dict):
             return None
         self._parsed[path] = (version, state)
+        self._parsed.move_to_end(path)  # the least recently parsed go first
         while len(self._parsed) > self._kept:
             self._parsed.popitem(last=False)
         return state
