@@ -490,8 +490,8 @@ def test_each_fork_has_its_own_of_the_temporary_directories_imported_modules_kee
         "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
         "print(os.path.isdir(keeps_a_temp_dir.KEPT.name), flush=True)\n"
     )
+    first_go, second_go = tmp_path / "first-go", tmp_path / "second-go"
     try:
-        first_go, second_go = tmp_path / "first-go", tmp_path / "second-go"
         first, second = (
             spawn_python(fork_server, tmp_path, role, [str(script), str(go)], env)
             for role, go in (("first", first_go), ("second", second_go))
@@ -509,7 +509,9 @@ def test_each_fork_has_its_own_of_the_temporary_directories_imported_modules_kee
         assert ended(second) == ExitStatus(code=0)
         assert second.log_path.read_text().split()[1] == "True", "the first's exit left the second's in place"
     finally:
-        fork_server.close()
+        for go in (first_go, second_go):  # a failed assertion leaves no fork waiting (nor its server)
+            go.touch()
+        close_and_wait(fork_server)
 
 
 def test_a_fork_runs_its_own_finalizers_at_exit_and_leaves_the_servers_to_the_server(tmp_path: Path) -> None:
