@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import event, func, select
 
 from service.db.engine import Database
 from service.db.models import Run, StatusCheck
+from service.errors import RateLimited
+from service.runs.service import check_status
 from service.settings import Settings
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
@@ -95,6 +99,33 @@ def test_concurrent_checks_let_exactly_one_through(make_settings: Callable[..., 
         with ThreadPoolExecutor(max_workers=8) as pool:
             codes = list(pool.map(check, range(8)))
     assert sorted(codes) == [200] + [429] * 7
+
+
+def test_each_check_is_one_database_transaction(make_settings: Callable[..., Settings], database_url: str) -> None:
+    """An allowed check, a limited one (its count stored before the 429) and an ended run's: each one transaction,
+    counted as the engine begins them on this thread (the service's own work runs on others)."""
+    with in_process_service(make_settings()) as live:
+        add_run(database_url, "checked")
+        add_run(database_url, "ended", status="completed")
+        ctx = live.app.state.context
+        here, begun = threading.get_ident(), []
+
+        def count_begin(_connection: object) -> None:
+            if threading.get_ident() == here:
+                begun.append(1)
+
+        event.listen(ctx.db.engine, "begin", count_begin)
+        try:
+            for run_id, limited in (("checked", False), ("checked", True), ("ended", False)):
+                begun.clear()
+                if limited:
+                    with pytest.raises(RateLimited):
+                        check_status(ctx, run_id)
+                else:
+                    check_status(ctx, run_id)
+                assert len(begun) == 1, f"{run_id} (limited: {limited})"
+        finally:
+            event.remove(ctx.db.engine, "begin", count_begin)
 
 
 def test_a_check_is_allowed_again_after_the_interval(make_settings: Callable[..., Settings], database_url: str) -> None:
