@@ -7,7 +7,9 @@ W&B. Any environment works unchanged: the hook wraps `BaseEnv.wandb_log`, which 
 The environment is started beside the run's Atropos API and trainer, not after them (docs/RUNS.md#process-order):
 with RLCTL_ENV_API_WAIT_S set, `BaseEnv.register_env` first waits up to that many seconds for the trainer to have
 registered with the API, so atroposlib's registration is never spent on an API that is still starting, and succeeds
-at once instead of answering "wait for trainer to start" and sleeping a second before it asks again.
+at once instead of answering "wait for trainer to start" and sleeping a second before it asks again. (An attempt
+told to wait in the moment between the trainer's registration and its first batch request is made again 0.1 s
+later.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import urllib.request
 from typing import Any
 
 API_PROBE_INTERVAL_S = 0.1
+WAIT_FOR_TRAINER = "wait for trainer to start"  # the Atropos API's answer to an environment it does not let in yet
 
 
 def _install() -> None:
@@ -48,7 +51,7 @@ def _wait_for_the_api(base_env: Any) -> None:
     wait_s = float(os.environ.get("RLCTL_ENV_API_WAIT_S") or 0)
     if wait_s <= 0:
         return
-    original = base_env.register_env
+    original, original_attempt = base_env.register_env, base_env._register_env
 
     async def register_env(self: Any) -> Any:
         url = str(self.config.rollout_server_url).rstrip("/")
@@ -57,7 +60,23 @@ def _wait_for_the_api(base_env: Any) -> None:
             await asyncio.sleep(API_PROBE_INTERVAL_S)
         return await original(self)  # past the deadline too: atroposlib's own attempts then report it
 
+    async def register_attempt(self: Any) -> Any:
+        # The API lets environments in at the trainer's first batch request, which follows its registration at
+        # once: an attempt in between is told to wait, changes nothing, and is made again here after 0.1 s rather
+        # than after atroposlib's second.
+        deadline = time.monotonic() + wait_s
+        answer = await original_attempt(self)
+        while _told_to_wait(answer) and time.monotonic() < deadline:
+            await asyncio.sleep(API_PROBE_INTERVAL_S)
+            answer = await original_attempt(self)
+        return answer
+
     base_env.register_env = register_env
+    base_env._register_env = register_attempt
+
+
+def _told_to_wait(answer: Any) -> bool:
+    return isinstance(answer, dict) and answer.get("status") == WAIT_FOR_TRAINER
 
 
 def trainer_registered(api_url: str) -> bool:

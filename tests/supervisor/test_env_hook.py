@@ -1,6 +1,6 @@
 """The environment hook (supervisor/envhooks/sitecustomize.py) against the real Atropos API: an environment started
-beside its trainer registers at its first attempt, once the trainer has, instead of being told to wait and sleeping
-atroposlib's second before it asks again (docs/RUNS.md#process-order)."""
+beside its trainer registers once the trainer has, and atroposlib is never told to wait (it would sleep a second
+before it asked again) (docs/RUNS.md#process-order)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,15 @@ def test_the_environment_registers_at_its_first_attempt_once_the_trainer_has(
 
     monkeypatch.setattr(hook, "trainer_registered", looked)
     hook._wait_for_the_api(Environment)  # as the hook wraps BaseEnv in an environment process
+    answered: list[str] = []  # what atroposlib's own loop is answered, after the hook's retries
+    hooked_attempt = Environment._register_env
+
+    async def answered_attempt(self: Environment) -> Any:
+        answer = await hooked_attempt(self)
+        answered.append(answer["status"])
+        return answer
+
+    monkeypatch.setattr(Environment, "_register_env", answered_attempt)
 
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
@@ -83,8 +92,12 @@ def test_the_environment_registers_at_its_first_attempt_once_the_trainer_has(
 
         trainer = AtroposClient(api_url)
         trainer.register(Registration("group", "project", 8, 512, str(tmp_path), 10, 0, 10))
-        assert trainer.get_batch() is None  # the trainer's first poll, right after it registers
+        # The moment between the trainer's registration and its first batch request, held open: the environment,
+        # seeing the trainer, is told to wait, and the hook asks again.
+        wait_until(lambda: len(environment.attempts) >= 2, timeout=60, message="attempts told to wait")
+        assert trainer.get_batch() is None  # the trainer's first poll, which lets environments in
         trainer.close()
         wait_until(lambda: not registering.is_alive(), timeout=60, message="the environment registers")
-    assert environment.attempts == ["success"], "registered at the first attempt: atroposlib never slept"
+    assert set(environment.attempts[:-1]) == {"wait for trainer to start"} and environment.attempts[-1] == "success"
+    assert answered == ["success"], "atroposlib was never told to wait, so it never slept"
     assert environment.env_id == 0 and looks[-1] is True
