@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Text, literal_column
+from sqlalchemy import Boolean, Text, literal_column
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
+
+from service.db.types import UTCDateTime
 
 
 class json_object(FunctionElement[str]):  # noqa: N801 - named as the SQL function it is
@@ -58,6 +60,16 @@ class json_bool(FunctionElement[Any]):  # noqa: N801
     """A Boolean column as a JSON boolean inside `json_object` (SQLite keeps booleans as 0 and 1)."""
 
     inherit_cache = True
+
+
+def json_value(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A column's value inside `json_object`, as pydantic writes it: a UTCDateTime as `iso_utc`, a Boolean as
+    `json_bool`, any other as it is."""
+    if isinstance(column.type, UTCDateTime):
+        return iso_utc(column)
+    if isinstance(column.type, Boolean):
+        return json_bool(column)
+    return column
 
 
 def _field_name(key: str) -> str:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Boolean,
     ColumnElement,
     Connection,
     Row,
@@ -33,11 +32,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
 from service.context import AppContext
-from service.db.json_sql import iso_utc, json_array_agg, json_bool, json_object
+from service.db.json_sql import json_array_agg, json_object, json_value
 from service.db.models import Run, RunProcess
 from service.db.plans import Read, ReadPlan, run_plan_on
 from service.db.rows import load_row
-from service.db.types import UTCDateTime, utc_value, utcnow
+from service.db.types import utc_value, utcnow
 from service.environments import service as environments
 from service.errors import (
     BackendUnavailable,
@@ -96,16 +95,11 @@ PROCESS_KEYS = tuple(ProcessOut.model_fields)
 PROCESS_COLUMNS = RunProcess.__table__.c
 
 
-def _process_value(key: str) -> ColumnElement[Any]:
-    column = PROCESS_COLUMNS[key]
-    return iso_utc(column) if isinstance(column.type, UTCDateTime) else column
-
-
 # A run's record (GET /runs/{id}), built once, the run id a bound parameter: one row, the run's columns and its
 # processes (ProcessOut's fields) as one JSON array. A join would repeat the run's columns per process, and the
 # driver would decode its JSON columns, the config's kilobytes among them, once per process.
 _PROCESSES_JSON = (
-    select(json_array_agg({key: _process_value(key) for key in ("id", *PROCESS_KEYS)}))
+    select(json_array_agg({key: json_value(PROCESS_COLUMNS[key]) for key in ("id", *PROCESS_KEYS)}))
     .where(PROCESS_COLUMNS.run_id == RUN_COLUMNS.id)
     .scalar_subquery()
 )
@@ -374,14 +368,9 @@ def _summary_value(key: str) -> ColumnElement[Any]:
     """One RunSummary field in the database's JSON, as the model writes it."""
     if key == "queue_position":
         return null()  # list_runs_plan places the queued runs
-    column = RUN_COLUMNS[key]
-    if isinstance(column.type, UTCDateTime):
-        return iso_utc(column)
-    if isinstance(column.type, Boolean):
-        return json_bool(column)
     if key == "priority":
-        return func.coalesce(column, 0)  # rows from before the column had a default
-    return column
+        return func.coalesce(RUN_COLUMNS[key], 0)  # rows from before the column had a default
+    return json_value(RUN_COLUMNS[key])
 
 
 @functools.cache
