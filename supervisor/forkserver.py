@@ -484,21 +484,20 @@ def _module_temp_dirs() -> list[tuple[str, str]]:
 
 def _own_temp_dirs() -> None:
     """A fork gets its own of each: shared, the first fork to exit would delete it under the others (its
-    finalizer runs at exit). The inherited one is left to the server."""
+    finalizer runs at exit). The inherited one is the server's (`_leave_finalizers_to_the_server`)."""
     for name, attribute in _IMPORTED_TEMP_DIRS:
         module = sys.modules.get(name)
-        inherited = getattr(module, attribute, None)
-        if isinstance(inherited, tempfile.TemporaryDirectory):
-            inherited._finalizer.detach()  # type: ignore[attr-defined]  # the server's, not this process's to delete
+        if isinstance(getattr(module, attribute, None), tempfile.TemporaryDirectory):
             setattr(module, attribute, tempfile.TemporaryDirectory())
 
 
 def _leave_finalizers_to_the_server() -> None:
-    """What the preload registered to be finalized at exit (torch's operator libraries, about 180) is the
-    server's: run at each fork's exit, it unregistered operators in memory the fork had to copy first, 30 to 50
-    ms of a fork's CPU spent as it ended. A fork's own finalizers still run."""
+    """What the preload registered to be finalized is the server's, never run in a fork, at its exit or when it
+    drops the object: the temporary directories imported modules keep (run, they deleted the server's), and
+    torch's operator libraries, about 180 (run at each fork's exit, they unregistered operators in memory the fork
+    had to copy first: 30 to 50 ms of CPU as it ended). A fork's own finalizers still run."""
     for finalizer in list(getattr(weakref.finalize, "_registry", {})):
-        finalizer.atexit = False
+        finalizer.detach()
 
 
 def _become(request: LaunchRequest, stdio: Sequence[int], server_fds: tuple[int, ...], in_session: int) -> None:

@@ -480,7 +480,10 @@ def test_a_server_that_hangs_at_start_is_ended_and_processes_are_started_as_befo
 
 def test_each_fork_has_its_own_of_the_temporary_directories_imported_modules_keep(tmp_path: Path) -> None:
     """As wandb's media folder: made at import, deleted at exit; shared, one fork's exit would delete the others'."""
-    (tmp_path / "keeps_a_temp_dir.py").write_text("import tempfile\nKEPT = tempfile.TemporaryDirectory()\n")
+    servers = tmp_path / "servers-dir"  # the name of the one made in the server, at its import
+    (tmp_path / "keeps_a_temp_dir.py").write_text(
+        f"import tempfile\nKEPT = tempfile.TemporaryDirectory()\nopen({str(servers)!r}, 'w').write(KEPT.name)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     fork_server = ForkServer(["keeps_a_temp_dir"], env)
     script = tmp_path / "uses.py"
@@ -508,6 +511,7 @@ def test_each_fork_has_its_own_of_the_temporary_directories_imported_modules_kee
         second_go.touch()
         assert ended(second) == ExitStatus(code=0)
         assert second.log_path.read_text().split()[1] == "True", "the first's exit left the second's in place"
+        assert os.path.isdir(servers.read_text()), "no fork deleted the server's own"
     finally:
         for go in (first_go, second_go):  # a failed assertion leaves no fork waiting (nor its server)
             go.touch()
