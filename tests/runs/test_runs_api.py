@@ -147,12 +147,18 @@ def test_a_listed_run_reads_exactly_as_its_record(service: Service, database_url
 
 def test_a_record_lists_its_processes_in_the_order_they_were_recorded(service: Service, database_url: str) -> None:
     """The record's processes come from one JSON array the database aggregates (in no order of its own): they must
-    read as their rows do, in the order recorded, datetimes and nulls included; a run with none lists none."""
+    read as their rows do, in the order of their ids (the order recorded), datetimes and nulls included; a run with
+    none lists none. The rows are stored out of that order, as a table's storage may hold them."""
     moment = datetime(2026, 3, 4, 5, 6, 7, 120_000, tzinfo=UTC)
-    roles = [("trainer", 41, "exited", 0, None), ("api", 40, "running", None, None), ("env", None, "exited", -9, 9)]
+    rows = [
+        (30, "trainer", 41, "exited", 0, None),
+        (10, "api", 40, "running", None, None),
+        (20, "env", None, "exited", -9, 9),
+    ]
     recorded = Run(id="procs", environment="echo", backend="local", status="running", created_at=moment, config={})
     recorded.processes = [
         RunProcess(
+            id=process_id,
             role=role,
             pid=pid,
             status=status,
@@ -162,15 +168,16 @@ def test_a_record_lists_its_processes_in_the_order_they_were_recorded(service: S
             started_at=moment + timedelta(seconds=index) if pid else None,
             ended_at=moment + timedelta(hours=1) if exit_code is not None else None,
         )
-        for index, (role, pid, status, exit_code, signal) in enumerate(roles)
+        for index, (process_id, role, pid, status, exit_code, signal) in enumerate(rows)
     ]
     bare = Run(id="noprocs", environment="echo", backend="local", status="queued", created_at=moment, config={})
     add_runs(database_url, recorded, bare)
     with service.client() as client:
         processes = client.get("/runs/procs").json()["processes"]
         assert client.get("/runs/noprocs").json()["processes"] == []
-    assert [process["role"] for process in processes] == ["trainer", "api", "env"]
-    assert processes[0] == {
+    assert [process["role"] for process in processes] == ["api", "env", "trainer"]
+    api, env, trainer = processes
+    assert trainer == {
         "role": "trainer",
         "pid": 41,
         "status": "exited",
@@ -180,8 +187,8 @@ def test_a_record_lists_its_processes_in_the_order_they_were_recorded(service: S
         "started_at": "2026-03-04T05:06:07.120000Z",
         "ended_at": "2026-03-04T06:06:07.120000Z",
     }
-    assert processes[1]["started_at"] == "2026-03-04T05:06:08.120000Z" and processes[1]["ended_at"] is None
-    assert processes[2] == {
+    assert api["started_at"] == "2026-03-04T05:06:08.120000Z" and api["ended_at"] is None
+    assert env == {
         "role": "env",
         "pid": None,
         "status": "exited",
