@@ -1,0 +1,30 @@
+"""The OpenAPI document is a contract: a change to it is deliberate, never a side effect of moving code.
+
+The document the app serves is compared with `tests/data/openapi.json`. After an intended change to the API, write
+the new one with `RLCTL_WRITE_OPENAPI=1 .venv/bin/python -m pytest tests/architecture/test_openapi_document.py` and
+review its diff with the change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from service.app import create_app
+from tests.conftest import TEST_DATA, build_settings
+
+SNAPSHOT = TEST_DATA / "openapi.json"
+
+
+def served_document(tmp_path: Path) -> str:
+    settings = build_settings(tmp_path / "var", f"sqlite:///{tmp_path}/rlctl.db", tiny_model=False)
+    app = create_app(settings, migrate_on_start=False)
+    return json.dumps(app.openapi(), indent=1, sort_keys=True) + "\n"
+
+
+def test_the_served_document_is_the_recorded_one(tmp_path: Path) -> None:
+    document = served_document(tmp_path)
+    if os.environ.get("RLCTL_WRITE_OPENAPI") == "1":
+        SNAPSHOT.write_text(document)
+    assert json.loads(document) == json.loads(SNAPSHOT.read_text())
