@@ -38,4 +38,5 @@ class JobStatus(StrEnum):
 
 
 RUN_TERMINAL = frozenset({RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED})
+RUN_ACTIVE = frozenset(set(RunStatus) - RUN_TERMINAL)
 JOB_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})

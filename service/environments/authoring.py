@@ -48,7 +48,7 @@ from service.errors import (
 )
 from service.names import validate_name
 from service.observability import actor_var
-from service.runs.lifecycle import ACTIVE
+from service.states import RUN_ACTIVE
 
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
@@ -161,7 +161,7 @@ def delete_environment(ctx: AppContext, name: str, if_match: str | None = None) 
     with _name_lock(ctx, name):
         _check_precondition(ctx, name, if_match)
         with ctx.db.session() as session:
-            users = session.scalars(select(Run.id).where(Run.environment == name, Run.status.in_(ACTIVE))).all()
+            users = session.scalars(select(Run.id).where(Run.environment == name, Run.status.in_(RUN_ACTIVE))).all()
         if users:
             raise EnvironmentInUse(
                 f"environment {name!r} is used by {len(users)} active run(s); stop them first",

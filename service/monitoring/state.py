@@ -14,8 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import Job, Run, RunProcess, StatusCheck
-from service.runs.lifecycle import ACTIVE
-from service.states import JobStatus, ProcessStatus, RunStatus
+from service.states import RUN_ACTIVE, JobStatus, ProcessStatus, RunStatus
 
 logger = logging.getLogger("rlctl.monitoring")
 PROCESS_ROLES = ("api", "trainer", "env")
@@ -48,7 +47,7 @@ def _state_metrics(session: Session) -> Iterator[Metric]:
         runs.add_metric([status], counts.get(status, 0))
     yield runs
 
-    stalled = session.scalar(select(func.count()).where(Run.stalled.is_(True), Run.status.in_(ACTIVE))) or 0
+    stalled = session.scalar(select(func.count()).where(Run.stalled.is_(True), Run.status.in_(RUN_ACTIVE))) or 0
     yield GaugeMetricFamily("rlctl_runs_stalled", "Active runs with no training progress lately.", value=stalled)
 
     processes = GaugeMetricFamily(

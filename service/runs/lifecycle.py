@@ -16,13 +16,13 @@ from sqlalchemy.orm import Session
 from service.db.models import Run
 from service.db.rows import changed_rows
 from service.db.types import utcnow
-from service.states import RUN_TERMINAL, RunStatus
+from service.states import RUN_ACTIVE, RUN_TERMINAL, RunStatus
 
 PENDING, STARTING, RUNNING, STOPPING = RunStatus.PENDING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING
 QUEUED = RunStatus.QUEUED
 STOPPED, COMPLETED, FAILED = RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED
 TERMINAL = RUN_TERMINAL
-ACTIVE = frozenset({PENDING, QUEUED, STARTING, RUNNING, STOPPING})
+ACTIVE = RUN_ACTIVE
 WAITING = frozenset({PENDING, QUEUED})  # accepted, nothing started: admission decides when
 ADMITTED = frozenset({STARTING, RUNNING, STOPPING})  # holding the executor's resources
 
