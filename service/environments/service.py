@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from service.context import AppContext
-from service.environments import authoring
+from service.environments import authoring, run_config
+from service.environments.catalog import ConfigSchema
 from service.environments.discovery import EnvironmentInfo
 from service.environments.schemas import (
     CatalogError,
@@ -18,7 +21,6 @@ from service.environments.schemas import (
     LockedFieldOut,
 )
 from service.errors import ValidationFailed
-from service.runs import config as run_config
 from service.settings import Backend
 
 
@@ -75,21 +77,67 @@ def describe_environment(ctx: AppContext, name: str, backend: Backend | None = N
     )
 
 
-def preview_config(ctx: AppContext, name: str, edits: dict[str, Any], backend: Backend | None = None) -> ConfigPreview:
-    env = ctx.catalog.get(name)
-    edits = dict(edits)
+@dataclass(frozen=True)
+class RunConfigPlan:
+    """An environment's run configuration for one backend, with the caller's edits checked: what a run's create,
+    the config preview and an inference test each read edits through (docs/RUNS.md#configuration)."""
+
+    environment: EnvironmentInfo
+    schema: ConfigSchema
+    backend: Backend
+    fields: list[run_config.ConfigurableField]
+    edits: dict[str, Any]
+
+    def values(self) -> dict[str, Any]:
+        """Every configurable field's value: its default unless edited."""
+        return run_config.effective_values(self.edits, self.fields)
+
+    def merge(
+        self,
+        ctx: AppContext,
+        placement: run_config.RunPlacement,
+        wandb_enabled: bool,
+        managed: dict[str, Any] | None = None,
+        total_steps: int | None = None,
+    ) -> dict[str, Any]:
+        """The merged run config (run_config.build_run_config), named now."""
+        return run_config.build_run_config(
+            self.environment.name,
+            self.schema,
+            self.edits,
+            ctx.settings,
+            placement,
+            datetime.now(UTC),
+            wandb_enabled,
+            managed=managed,
+            total_steps=total_steps,
+        )
+
+
+def plan_run_config(
+    ctx: AppContext,
+    environment: str,
+    edits: dict[str, Any],
+    backend: Backend | str | None = None,
+    set_by_caller: Collection[str] = (),
+) -> RunConfigPlan:
+    """Resolve the environment and backend and check `edits` against its fields (the schema is read in a child
+    the first time). The chosen backend is one of the edits, unless the caller sets `backend` itself; fields in
+    `set_by_caller` are not editable."""
+    env = ctx.catalog.get(environment)
     chosen = resolve_backend(ctx, backend or edits.get("backend"))
-    edits["backend"] = chosen.value
     schema = ctx.catalog.config_schema(env)
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
-    run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, chosen))
-    merged = run_config.build_run_config(
-        env.name,
-        schema,
-        edits,
-        ctx.settings,
-        run_config.RunPlacement(),
-        datetime.now(UTC),
-        wandb_enabled=ctx.settings.wandb_api_key is not None,
+    fields = [field for field in fields if field.name not in set_by_caller]
+    checked = dict(edits) if "backend" in set_by_caller else {**edits, "backend": chosen.value}
+    run_config.validate_edits(checked, fields, schema, run_config.locked_values(ctx.settings, chosen))
+    return RunConfigPlan(env, schema, chosen, fields, checked)
+
+
+def preview_config(ctx: AppContext, name: str, edits: dict[str, Any], backend: Backend | None = None) -> ConfigPreview:
+    plan = plan_run_config(ctx, name, edits, backend)
+    wandb_enabled = ctx.settings.wandb_api_key is not None
+    merged = plan.merge(ctx, run_config.RunPlacement(), wandb_enabled)
+    return ConfigPreview(
+        environment=plan.environment.name, backend=plan.backend, config=merged, yaml=run_config.render_yaml(merged)
     )
-    return ConfigPreview(environment=env.name, backend=chosen, config=merged, yaml=run_config.render_yaml(merged))

@@ -11,13 +11,13 @@ from typing import Any
 
 from service.context import AppContext
 from service.environments.discovery import EnvironmentInfo
+from service.environments.service import plan_run_config
 from service.errors import FieldLocked, NotFound
 from service.inference_tests import preflight
 from service.inference_tests.jobs import KIND
 from service.inference_tests.schemas import CreateInferenceTestRequest, InferenceTestList, InferenceTestOut
 from service.jobs import service as jobs
 from service.jobs.schemas import JobOut
-from service.runs import config as run_config
 from service.settings import Backend
 from service.states import JobStatus
 
@@ -66,14 +66,9 @@ def validate_test_edits(ctx: AppContext, env: EnvironmentInfo, edits: dict[str, 
                 f"{name} is set by the inference test: {TEST_FIELDS[name]}",
                 {"field": name, "reason": TEST_FIELDS[name]},
             )
-    schema = ctx.catalog.config_schema(env)  # imports the environment in a child: it must load
-    excluded = {"backend", "wandb_project", *TEST_FIELDS}
-    fields = [
-        field
-        for field in run_config.configurable_fields(env.name, schema, ctx.settings, Backend.TINKER)
-        if field.name not in excluded
-    ]
-    return run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, Backend.TINKER))
+    set_by_caller = {"backend", "wandb_project", *TEST_FIELDS}
+    # the schema is read in a child: the environment must import
+    return plan_run_config(ctx, env.name, edits, Backend.TINKER, set_by_caller).edits
 
 
 def get_inference_test(ctx: AppContext, test_id: str) -> InferenceTestOut:

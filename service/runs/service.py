@@ -10,7 +10,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from service.db.models import Run, RunProcess
 from service.db.plans import Read, ReadPlan, run_plan_on
 from service.db.rows import load_row
 from service.db.types import utc_value, utcnow
+from service.environments import run_config
 from service.environments import service as environments
 from service.errors import (
     BackendUnavailable,
@@ -56,7 +57,6 @@ from service.pagination import (
     page_parameters,
 )
 from service.runs import admission, lifecycle, metrics, ratelimit
-from service.runs import config as run_config
 from service.runs import datasets as dataset_runs
 from service.runs.launch import Ports
 from service.runs.manager import RunManager, process_record
@@ -78,7 +78,7 @@ from service.runs.schemas import (
     RunStatusOut,
     RunSummary,
 )
-from service.runs.wandb import WandbMode, offline_requested, plan_wandb, probe_wandb
+from service.runs.wandb import WandbMode, WandbPlan, offline_requested, plan_wandb, probe_wandb
 from service.settings import Backend
 from service.states import ProcessStatus, RunStatus
 from supervisor.executor import Executor, Resources
@@ -120,84 +120,95 @@ HEADLINE_METRICS = {
 def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) -> tuple[RunOut, bool]:
     """Validate, record (before anything is spawned), then launch. Returns (run, created)."""
     request_hash = _request_hash(request)
-    idempotency_key = request.idempotency_key
-    if idempotency_key is not None:
-        existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash)
-        if existing is not None:
-            return existing, False
+    key = request.idempotency_key
+    if key is not None and (existing := _run_by_idempotency_key(ctx, key, request_hash)) is not None:
+        return existing, False
     chosen = environments.resolve_backend(ctx, request.backend or request.config.get("backend"))
     require_backend(ctx, chosen)
-    env = ctx.catalog.get(_environment_name(request))
-    schema = ctx.catalog.config_schema(env)
-    edits = {**request.config, "backend": chosen.value}
-    fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
-    run_config.validate_edits(edits, fields, schema, run_config.locked_values(ctx.settings, chosen))
+    plan = environments.plan_run_config(ctx, _environment_name(request), request.config, chosen)
     resources = requested_resources(manager.executor, request, chosen)
-
-    run_id = new_run_id()
-    paths = RunPaths(ctx.settings.data_path, run_id)
-    offline = offline_requested()
-    probe = None if offline else probe_wandb(ctx.settings)  # bounded by wandb_check_timeout_s
-    wandb_plan = plan_wandb(ctx.settings.wandb_api_key is not None, offline, probe)
-    wandb_warning = wandb_plan.warning(paths.run_dir)
-    plan = None
-    if request.dataset is not None:  # checked, and its split written, before anything is recorded
-        values = run_config.effective_values(edits, fields)
-        try:
-            plan = dataset_runs.prepare(ctx, request.dataset, values, paths.run_dir)
-        except Exception:
-            shutil.rmtree(paths.run_dir, ignore_errors=True)  # a new id: nothing else lives there
-            raise
-    api_port, inference_port = free_ports(2)
-    placement = run_config.RunPlacement(api_port, inference_port, str(paths.run_dir))
-    merged = run_config.build_run_config(
-        env.name,
-        schema,
-        edits,
-        ctx.settings,
-        placement,
-        datetime.now(UTC),
-        wandb_plan.mode != WandbMode.DISABLED,
-        managed=dataset_runs.managed_values(ctx, request.dataset, paths.run_dir) if request.dataset else None,
-        total_steps=plan.total_steps if plan else None,
-    )
-    run = Run(
-        id=run_id,
-        environment=env.name,
-        dataset_id=request.dataset.id if request.dataset else None,
-        dataset_mode=request.dataset.mode.value if request.dataset else None,
-        backend=chosen,
-        status=lifecycle.PENDING,
-        config=merged,
-        config_path=str(paths.config),
-        idempotency_key=idempotency_key,
-        request_hash=request_hash,
-        wandb_project=merged["tinker"]["wandb_project"],
-        wandb_run_name=merged["tinker"]["wandb_run_name"],
-        wandb=wandb_plan.record(paths.run_dir),
-        warnings=[wandb_warning] if wandb_warning else [],
-        ports=Ports(api_port, inference_port).to_dict(),
-        owner_id=manager.replica_id,
-        executor=manager.executor.name,
-        resources=resources.to_dict(),
-        priority=request.priority,
-        created_by=actor_var.get(),
-        environment_hash=environments.source_hash(env),
-        heartbeat_at=utcnow(),
-    )
+    paths = RunPaths(ctx.settings.data_path, new_run_id())
+    wandb_plan = _wandb_plan(ctx)
+    ports = Ports(*free_ports(2))
+    config = _merged_config(ctx, request, plan, paths, ports, wandb_plan.mode != WandbMode.DISABLED)
+    run = _new_run(manager, request, plan, paths, ports, config, wandb_plan)
+    run.request_hash, run.resources = request_hash, resources.to_dict()
     try:
         with ctx.db.session() as session:
             session.add(run)
     except IntegrityError:
         shutil.rmtree(paths.run_dir, ignore_errors=True)  # a dataset split written for a run never recorded
-        existing = _run_by_idempotency_key(ctx, idempotency_key, request_hash) if idempotency_key else None
+        existing = _run_by_idempotency_key(ctx, key, request_hash) if key else None
         if existing is None:
             raise
         return existing, False  # a concurrent request with the same key won
     paths.run_dir.mkdir(parents=True, exist_ok=True)
-    paths.config.write_text(run_config.render_yaml(merged))
-    manager.launch(run_id)
-    return get_run(ctx, run_id), True
+    paths.config.write_text(run_config.render_yaml(config))
+    manager.launch(run.id)
+    return get_run(ctx, run.id), True
+
+
+def _wandb_plan(ctx: AppContext) -> WandbPlan:
+    offline = offline_requested()
+    probe = None if offline else probe_wandb(ctx.settings)  # bounded by wandb_check_timeout_s
+    return plan_wandb(ctx.settings.wandb_api_key is not None, offline, probe)
+
+
+def _merged_config(
+    ctx: AppContext,
+    request: CreateRunRequest,
+    plan: environments.RunConfigPlan,
+    paths: RunPaths,
+    ports: Ports,
+    wandb_enabled: bool,
+) -> dict[str, Any]:
+    """The run's merged config. A dataset run's dataset is checked and its split written first, before anything is
+    recorded: the run's directory is new, so nothing else lives there to keep when that fails."""
+    placement = run_config.RunPlacement(ports.api, ports.inference, str(paths.run_dir))
+    if request.dataset is None:
+        return plan.merge(ctx, placement, wandb_enabled)
+    try:
+        split = dataset_runs.prepare(ctx, request.dataset, plan.values(), paths.run_dir)
+    except Exception:
+        shutil.rmtree(paths.run_dir, ignore_errors=True)
+        raise
+    managed = dataset_runs.managed_values(ctx, request.dataset, paths.run_dir)
+    return plan.merge(ctx, placement, wandb_enabled, managed=managed, total_steps=split.total_steps)
+
+
+def _new_run(
+    manager: RunManager,
+    request: CreateRunRequest,
+    plan: environments.RunConfigPlan,
+    paths: RunPaths,
+    ports: Ports,
+    config: dict[str, Any],
+    wandb_plan: WandbPlan,
+) -> Run:
+    """The run's row as it is first recorded: pending, owned by this replica."""
+    warning = wandb_plan.warning(paths.run_dir)
+    return Run(
+        id=paths.run_id,
+        environment=plan.environment.name,
+        dataset_id=request.dataset.id if request.dataset else None,
+        dataset_mode=request.dataset.mode.value if request.dataset else None,
+        backend=plan.backend,
+        status=lifecycle.PENDING,
+        config=config,
+        config_path=str(paths.config),
+        idempotency_key=request.idempotency_key,
+        wandb_project=config["tinker"]["wandb_project"],
+        wandb_run_name=config["tinker"]["wandb_run_name"],
+        wandb=wandb_plan.record(paths.run_dir),
+        warnings=[warning] if warning else [],
+        ports=ports.to_dict(),
+        owner_id=manager.replica_id,
+        executor=manager.executor.name,
+        priority=request.priority,
+        created_by=actor_var.get(),
+        environment_hash=environments.source_hash(plan.environment),
+        heartbeat_at=utcnow(),
+    )
 
 
 def requested_resources(executor: Executor, request: CreateRunRequest, backend: Backend) -> Resources:

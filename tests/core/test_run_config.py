@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 import yaml
 
+from service.environments import run_config
 from service.environments.catalog import ConfigSchema, FieldSchema
 from service.errors import FieldLocked, UnknownField, ValidationFailed
-from service.runs import config as run_config
 from service.settings import Settings
 
 SCHEMA = ConfigSchema(
