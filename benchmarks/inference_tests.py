@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.app import register_job_kinds  # noqa: E402
-from service.context import build_context  # noqa: E402
 from service.db import migrate  # noqa: E402
 from service.inference_tests.schemas import CreateInferenceTestRequest  # noqa: E402
 from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
 from service.jobs.runner import JobRunner  # noqa: E402
 from service.settings import Settings  # noqa: E402
+from service.startup import build_app_context  # noqa: E402
 from tests.conftest import TEST_DATA  # noqa: E402
 from tests.support.endpoints import fault_endpoint, tiny_model_endpoint  # noqa: E402
 from trainer.loop import split_cpu_threads  # noqa: E402
@@ -55,11 +55,12 @@ def run_once(
         gsm8k_path=TEST_DATA / "gsm8k",
         inference_test_concurrency=concurrency,
     )
-    ctx = build_context(settings)
-    ctx.jobs = JobRunner(ctx, workers=1)
-    register_job_kinds(ctx.jobs)
+    ctx = build_app_context(settings)
+    jobs = JobRunner(ctx, workers=1)
+    ctx.provide(jobs)
+    register_job_kinds(jobs)
     migrate.upgrade(ctx.db)
-    ctx.jobs.open()
+    jobs.open()
     try:
         config = {"max_new_tokens": args.max_new_tokens} if args.environment == "gsm8k" else {}
         request = CreateInferenceTestRequest(
@@ -72,10 +73,10 @@ def run_once(
             timeout_s=3600,
         )
         test_id = start_inference_test(ctx, request).id
-        ctx.jobs.wait(test_id, timeout=7200)
+        jobs.wait(test_id, timeout=7200)
         test = get_inference_test(ctx, test_id).model_dump()
     finally:
-        ctx.jobs.close()
+        jobs.close()
         ctx.db.dispose()
     if test["status"] != "succeeded" or test["result"]["summary"]["models_succeeded"] != len(models):
         raise SystemExit(f"{label}: the test did not succeed: {test['error'] or test['result']}")

@@ -15,7 +15,7 @@ from starlette.types import Scope
 from service.auth.guard import authenticate
 from service.collections import jobs as collection_jobs
 from service.collections import routes as collection_routes
-from service.context import AppContext, build_context
+from service.context import AppContext
 from service.datasets import jobs as dataset_jobs
 from service.datasets import routes as dataset_routes
 from service.datasets.service import open_datasets
@@ -36,6 +36,7 @@ from service.runs.routes import logs_router as run_logs_router
 from service.runs.routes import node_router as run_node_router
 from service.runs.routes import router as runs_router
 from service.settings import Settings
+from service.startup import build_app_context, start_up_work
 from service.tools.mcp_server import McpEndpoint
 from service.tools.routes import router as tools_router
 from service.ui.routes import router as ui_router
@@ -68,10 +69,12 @@ def create_app(
     settings: Settings | None = None, migrate_on_start: bool = True, context: AppContext | None = None
 ) -> FastAPI:
     """The app over `context` (`rlctl serve` builds it first, to begin the start-up work sooner), else a new one."""
-    context = context or build_context(settings or Settings())
-    context.runs = RunManager(context)
-    context.jobs = JobRunner(context, workers=context.settings.job_workers)
-    register_job_kinds(context.jobs)
+    context = context or build_app_context(settings or Settings())
+    runs = RunManager(context)
+    jobs = JobRunner(context, workers=context.settings.job_workers)
+    context.provide(runs)
+    context.provide(jobs)
+    register_job_kinds(jobs)
     mcp_endpoint = McpEndpoint(context)
 
     @asynccontextmanager
@@ -79,20 +82,22 @@ def create_app(
         # Blocking handlers run in this many threads; the database pool keeps a connection for each of them.
         anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
         context.claim_data_dir()
-        context.start_warm_up()  # in the background (once; `rlctl serve` began it already): docs/RUNS.md#start-up-work
+        context.start_warm_up(
+            start_up_work(context)
+        )  # in the background (once; `rlctl serve` began it already): docs/RUNS.md#start-up-work
         if migrate_on_start:
             await run_in_threadpool(migrate.upgrade, context.db)
-        await run_in_threadpool(context.runs.open)
+        await run_in_threadpool(runs.open)
         await run_in_threadpool(open_datasets, context)  # before jobs resume: leftovers of a crash go first
-        await run_in_threadpool(context.jobs.open)
+        await run_in_threadpool(jobs.open)
         await context.db.open_loop_reads()
         try:
             async with mcp_endpoint.running():
                 yield
         finally:
             # Runs keep running across a service restart: they are re-adopted at the next start.
-            await run_in_threadpool(context.jobs.close)
-            await run_in_threadpool(context.runs.close)
+            await run_in_threadpool(jobs.close)
+            await run_in_threadpool(runs.close)
             await run_in_threadpool(context.stop_children)
             await context.db.close_loop_reads()
             context.db.dispose()

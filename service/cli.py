@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_serve(args: argparse.Namespace) -> int:
     from service.auth.guard import is_loopback, is_open
     from service.auth.tokens import TokenStore
-    from service.context import build_context
     from service.observability import configure_logging
+    from service.startup import build_app_context, start_up_work
 
     settings = Settings()
     if is_open(settings, tokens_file=TokenStore(settings.tokens_path).exists()) and not is_loopback(args.host):
@@ -79,9 +79,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     configure_logging(settings.log_level, settings.log_format, settings.secret_values)
-    context = build_context(settings)
+    context = build_app_context(settings)
     # The start-up work's children run while the app's modules import (seconds): docs/RUNS.md#start-up-work.
-    context.start_warm_up()
+    context.start_warm_up(start_up_work(context))
     try:
         import uvicorn
 

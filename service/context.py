@@ -1,4 +1,10 @@
-"""What the HTTP layer and the agent tools share: settings, database, catalog, runs, jobs (one per process)."""
+"""What the HTTP layer, the agent tools and every domain share: the app's context (one per app).
+
+The kernel's own parts are fields (settings, database, tokens, child processes). A domain's per-app object (the
+environment catalog, the job runner, the run manager, the tiny model's builder) is a `Component`: the composition
+root (service/app.py) provides it, and the domain's code asks for it by its type (`JobRunner.of(ctx)`), so the
+kernel never imports a domain and every such object is typed where it is used.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +15,53 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Self, TypeVar
 
 from service.auth.tokens import TokenStore
 from service.children import ChildRunner, process_fork_server
 from service.db.engine import Database
-from service.environments.catalog import EnvironmentCatalog, child_process_environment
-from service.runs.tiny_model import TinyModelBuilder
-from service.settings import SECRET_ENV_NAMES, Backend, Settings
+from service.settings import Settings
 
 logger = logging.getLogger("rlctl.warm_up")
 FORK_SERVER_WARM_UP = "fork server"
+ComponentType = TypeVar("ComponentType", bound="Component")
+WarmUpWork = list[tuple[str, Callable[[], object]]]
+
+
+class Component:
+    """A domain's object that lives as long as its app: provided once by the composition root, found by type."""
+
+    @classmethod
+    def of(cls, ctx: AppContext) -> Self:
+        return ctx.component(cls)
+
+    @classmethod
+    def key(cls) -> type[Component]:
+        """The class that declared itself a component: a subclass (a test's) is found under its base's name."""
+        return next(klass for klass in cls.__mro__ if Component in klass.__bases__)
 
 
 @dataclass
 class AppContext:
     settings: Settings
     db: Database
-    catalog: EnvironmentCatalog
     replica_id: str
     tokens: TokenStore
     children: ChildRunner
-    tiny_model: TinyModelBuilder
-    runs: Any = None  # the RunManager, set by the app (it needs the context to exist first)
-    jobs: Any = None  # the JobRunner, likewise
+    _components: dict[type[Component], Component] = field(default_factory=dict)
     _lock_file: IO[str] | None = None
     _warm_up: list[threading.Thread] = field(default_factory=list)
     _warm_up_started: bool = False
+
+    def provide(self, component: Component) -> None:
+        """Keep a domain's per-app object; one of each kind."""
+        self._components[component.key()] = component
+
+    def component(self, kind: type[ComponentType]) -> ComponentType:
+        found = self._components.get(kind.key())
+        if not isinstance(found, kind):
+            raise LookupError(f"this app was built without a {kind.__name__}")
+        return found
 
     def claim_data_dir(self) -> None:
         """One service per data directory: two would both think they own the same runs."""
@@ -53,24 +79,15 @@ class AppContext:
             self._lock_file.close()
             self._lock_file = None
 
-    def start_warm_up(self) -> None:
+    def start_warm_up(self, work: WarmUpWork) -> None:
         """The start-up work a first request would otherwise wait for (docs/RUNS.md#start-up-work), each part in
-        a background thread over a child process: the fork server the others are forked from, every environment's
-        config schema, and the local backend's tiny model when it is the default backend's model. Requests that
-        need one wait for it, not for a second one."""
+        a background thread over a child process: the fork server the others are forked from, then the domains'
+        `work` (service/app.py names it). Requests that need one wait for it, not for a second one."""
         if not self.settings.warm_up or self._warm_up_started:
             return
         self._warm_up_started = True
-        work: list[tuple[str, Callable[[], object]]] = []
         if self.children.fork_server is not None:  # first: the children below are forked from it
-            work.append((FORK_SERVER_WARM_UP, self.children.fork_server.start))
-        work.append(("environment schemas", self.catalog.warm))
-        if (
-            self.settings.effective_default_backend == Backend.LOCAL
-            and not self.settings.local_base_model
-            and not self.tiny_model.built()
-        ):
-            work.append(("tiny model", self.tiny_model.ensure))
+            work = [(FORK_SERVER_WARM_UP, self.children.fork_server.start), *work]
         for name, task in work:
             thread = threading.Thread(target=_warm, args=(name, task), name=f"warm-up {name}", daemon=True)
             thread.start()
@@ -101,27 +118,14 @@ def replica_identity(settings: Settings) -> str:
 
 
 def build_context(settings: Settings) -> AppContext:
+    """The kernel's parts of a context; service/app.py provides the domains' components."""
     settings.data_path.mkdir(parents=True, exist_ok=True)
-    children = ChildRunner(process_fork_server() if settings.fork_server else None)
-
-    def child_environment() -> dict[str, str]:
-        return child_process_environment(set(SECRET_ENV_NAMES))
-
-    catalog = EnvironmentCatalog(
-        directories=lambda: settings.environment_directories,
-        schema_timeout_s=settings.schema_timeout_s,
-        child_environment=child_environment,
-        store_dir=settings.schema_store_dir,
-        children=children,
-    )
     return AppContext(
         settings=settings,
         db=Database(settings.sqlalchemy_url),
-        catalog=catalog,
         replica_id=replica_identity(settings),
         tokens=TokenStore(settings.tokens_path),
-        children=children,
-        tiny_model=TinyModelBuilder(settings.tiny_model_dir, children, child_environment),
+        children=ChildRunner(process_fork_server() if settings.fork_server else None),
     )
 
 

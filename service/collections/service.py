@@ -32,7 +32,7 @@ from service.db.models import Collection, CollectionItem, Job
 from service.db.rows import load_row
 from service.db.types import utcnow
 from service.errors import InvalidState, ValidationFailed
-from service.jobs.runner import TERMINAL, UNFINISHED, JobStatus
+from service.jobs.runner import TERMINAL, UNFINISHED, JobRunner, JobStatus
 from service.jobs.service import job_record
 from service.pagination import DEFAULT_PAGE, newest_first_page
 
@@ -165,7 +165,7 @@ def cancel_collection(ctx: AppContext, collection_id: str) -> CollectionOut:
         if job is None or job.status in TERMINAL:
             details = {"collection_id": collection_id, "status": collection.status}
             raise InvalidState(f"collection {collection_id} is not running", details)
-    ctx.jobs.cancel(job.id)
+    JobRunner.of(ctx).cancel(job.id)
     if job.status == JobStatus.QUEUED:  # the runner ends a queued job at once; its handler never runs to record it
         mark(ctx, collection_id, status=CollectionStatus.CANCELLED)
     return get_collection(ctx, collection_id)
@@ -192,7 +192,7 @@ def _start_job(ctx: AppContext, collection_id: str) -> None:
     with ctx.db.session() as session:
         collection = load_row(session, Collection, collection_id, CollectionNotFound)
         total = collection.prompt_count * collection.runs_per_prompt
-    job_id = ctx.jobs.submit(JOB_KIND, {"collection_id": collection_id}, total=total)
+    job_id = JobRunner.of(ctx).submit(JOB_KIND, {"collection_id": collection_id}, total=total)
     with ctx.db.session() as session:
         session.get_one(Collection, collection_id).job_id = job_id
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from service.children import ChildRunner
 from service.context import AppContext
-from service.environments.catalog import child_process_environment
+from service.environments.catalog import EnvironmentCatalog, child_process_environment
 from service.errors import NotFound
 from service.pysource import parse_module
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES
@@ -35,13 +35,13 @@ class ScorerFailed(RuntimeError):
 
 
 def scorer_environments(ctx: AppContext) -> list[str]:
-    environments, _ = ctx.catalog.discover()
+    environments, _ = EnvironmentCatalog.of(ctx).discover()
     return sorted(env.name for env in environments if defines_scorer(env.file_path))
 
 
 def has_scorer(ctx: AppContext, name: str) -> bool:
     try:
-        return defines_scorer(ctx.catalog.get(name).file_path)
+        return defines_scorer(EnvironmentCatalog.of(ctx).get(name).file_path)
     except NotFound:
         return False
 

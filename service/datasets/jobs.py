@@ -28,6 +28,7 @@ from service.datasets.service import dataset_stats, dataset_store, get_dataset, 
 from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at
 from service.datasets.summary_client import OpenAICompatibleSummarizer
 from service.datasets.tokenizers import LockedCounter, MemoCounter, load_counter
+from service.environments.catalog import EnvironmentCatalog
 from service.errors import NotFound
 from service.jobs.runner import JobFailed, JobHandle, JobKind
 from trajectories.compression import CompressionConfig, CompressionStats, compress_record
@@ -356,7 +357,7 @@ def environment_scorers(
         for entry in spec:
             name = entry["name"]
             if env_scorer.has_scorer(ctx, name):
-                path = ctx.catalog.get(name).file_path
+                path = EnvironmentCatalog.of(ctx).get(name).file_path
                 scorers[name] = env_scorer.ChildScorer(ctx.children, path, answer_field, ctx.settings.schema_timeout_s)
     except env_scorer.ScorerFailed as error:
         for scorer in scorers.values():

@@ -49,7 +49,7 @@ from service.datasets.uploads import ByteStream, UndecodableUpload, upload_items
 from service.db.models import Dataset, Job, Run
 from service.db.rows import load_row
 from service.errors import PayloadTooLarge, ValidationFailed
-from service.jobs.runner import UNFINISHED
+from service.jobs.runner import UNFINISHED, JobRunner
 from service.jobs.schemas import JobOut
 from service.jobs.service import get_job
 from service.names import validate_name
@@ -313,7 +313,7 @@ def check_rewards(ctx: AppContext, rewards: list[RewardSpec]) -> None:
 def start_grpo_export(ctx: AppContext, dataset_id: str, request: GrpoExportRequest) -> JobOut:
     parent = get_dataset(ctx, dataset_id)
     params = {**request.model_dump(), "dataset_id": parent.id}
-    job_id = ctx.jobs.submit("dataset_export_grpo", params, total=parent.record_count)
+    job_id = JobRunner.of(ctx).submit("dataset_export_grpo", params, total=parent.record_count)
     return get_job(ctx, job_id)
 
 
@@ -351,7 +351,7 @@ def _submit(ctx: AppContext, kind: str, parent: DatasetOut, params: dict[str, An
         "output_id": new_dataset_id(),
         "name": params.get("name") or f"{parent.name[:100]}-{operation}",
     }
-    job_id = ctx.jobs.submit(kind, params, total=parent.record_count)
+    job_id = JobRunner.of(ctx).submit(kind, params, total=parent.record_count)
     return get_job(ctx, job_id)
 
 

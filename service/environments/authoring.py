@@ -24,6 +24,7 @@ from sqlalchemy import select
 
 from service.context import AppContext
 from service.db.models import Run
+from service.environments.catalog import EnvironmentCatalog
 from service.environments.discovery import EnvironmentInfo
 from service.environments.schemas import (
     EnvironmentDeleted,
@@ -63,7 +64,7 @@ def source_hash(source: str | bytes) -> str:
 
 
 def read_source(ctx: AppContext, name: str) -> EnvironmentSource:
-    env = ctx.catalog.get(name)
+    env = EnvironmentCatalog.of(ctx).get(name)
     data = env.file_path.read_bytes()  # once: the hash is of exactly the text returned
     managed = is_managed(ctx, env)
     return EnvironmentSource(
@@ -79,7 +80,7 @@ def list_versions(ctx: AppContext, name: str) -> EnvironmentVersions:
     validate_name(name, "environment name")
     versions = _versions(ctx, name)
     if not versions and not _managed_file(ctx, name).exists():
-        ctx.catalog.get(name)  # 404 for an unknown name
+        EnvironmentCatalog.of(ctx).get(name)  # 404 for an unknown name
     current = _current_version(ctx, name)
     listed = [EnvironmentVersion(**meta, current=meta["version"] == current) for meta in versions]
     return EnvironmentVersions(name=name, versions=listed, count=len(listed))
@@ -151,7 +152,7 @@ def rollback_environment(
 
 def delete_environment(ctx: AppContext, name: str, if_match: str | None = None) -> EnvironmentDeleted:
     """Remove a managed environment (its versions stay, for a rollback); never a shipped one, nor one in use."""
-    env = ctx.catalog.get(name)
+    env = EnvironmentCatalog.of(ctx).get(name)
     if not is_managed(ctx, env):
         raise EnvironmentNotManaged(
             f"environment {name!r} is shipped or operator-installed ({env.file_path}); only environments written "
@@ -179,8 +180,8 @@ def validate(ctx: AppContext, name: str, source: str) -> ValidationReport:
     """Parse, one BaseEnv subclass named `name`, no clash with an environment the API does not manage, then the
     config-schema import in a child process with the time-out (a staged copy, never the live file)."""
     target = _managed_file(ctx, name)
-    other_scans = [scan for scan in ctx.catalog.scans() if scan.path != target]
-    environments, _ = ctx.catalog.discover()
+    other_scans = [scan for scan in EnvironmentCatalog.of(ctx).scans() if scan.path != target]
+    environments, _ = EnvironmentCatalog.of(ctx).discover()
     taken = {e.name: str(e.file_path) for e in environments if not is_managed(ctx, e)}
     checks, class_name = check_source(name, source, target, other_scans, taken)
     if class_name is None:
@@ -192,7 +193,7 @@ def validate(ctx: AppContext, name: str, source: str) -> ValidationReport:
         staged.write_text(source, encoding="utf-8")
         candidate = EnvironmentInfo(name, class_name, staged, "", None)
         try:
-            schema = ctx.catalog.introspect(candidate)
+            schema = EnvironmentCatalog.of(ctx).introspect(candidate)
         except EnvironmentLoadFailed as failure:
             trace = failure.details.get("traceback") or []
             checks.append(ValidationCheck(check="import", ok=False, message=failure.message, traceback=trace))
@@ -238,7 +239,7 @@ def _current_hash(ctx: AppContext, name: str) -> str | None:
     if path.exists():
         return source_hash(path.read_bytes())
     with contextlib.suppress(EnvironmentNotFound):
-        return source_hash(ctx.catalog.get(name).file_path.read_bytes())
+        return source_hash(EnvironmentCatalog.of(ctx).get(name).file_path.read_bytes())
     return None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.children import ChildRunner
+from service.context import Component
 from service.environments.discovery import (
     DiscoveryError,
     EnvironmentInfo,
@@ -59,7 +60,7 @@ class ConfigSchema:
 FileSignature = tuple[int, int, int]
 
 
-class EnvironmentCatalog:
+class EnvironmentCatalog(Component):
     """Re-scans on every listing (files are stat-ed; only changed ones are parsed again)."""
 
     def __init__(

@@ -9,7 +9,7 @@ from typing import Any
 
 from service.context import AppContext
 from service.environments import authoring, run_config
-from service.environments.catalog import ConfigSchema
+from service.environments.catalog import ConfigSchema, EnvironmentCatalog
 from service.environments.discovery import EnvironmentInfo
 from service.environments.schemas import (
     CatalogError,
@@ -40,7 +40,7 @@ def summary(env: EnvironmentInfo) -> EnvironmentSummary:
 
 
 def list_environments(ctx: AppContext) -> EnvironmentList:
-    environments, errors = ctx.catalog.discover()
+    environments, errors = EnvironmentCatalog.of(ctx).discover()
     return EnvironmentList(
         environments=[summary(e) for e in environments],
         count=len(environments),
@@ -58,9 +58,9 @@ def resolve_backend(ctx: AppContext, backend: str | None) -> Backend:
 
 
 def describe_environment(ctx: AppContext, name: str, backend: Backend | None = None) -> EnvironmentDetail:
-    env = ctx.catalog.get(name)
+    env = EnvironmentCatalog.of(ctx).get(name)
     chosen = resolve_backend(ctx, backend)
-    schema = ctx.catalog.config_schema(env)
+    schema = EnvironmentCatalog.of(ctx).config_schema(env)
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
     locked = run_config.locked_values(ctx.settings, chosen)
     return EnvironmentDetail(
@@ -124,9 +124,9 @@ def plan_run_config(
     """Resolve the environment and backend and check `edits` against its fields (the schema is read in a child
     the first time). The chosen backend is one of the edits, unless the caller sets `backend` itself; fields in
     `set_by_caller` are not editable."""
-    env = ctx.catalog.get(environment)
+    env = EnvironmentCatalog.of(ctx).get(environment)
     chosen = resolve_backend(ctx, backend or edits.get("backend"))
-    schema = ctx.catalog.config_schema(env)
+    schema = EnvironmentCatalog.of(ctx).config_schema(env)
     fields = run_config.configurable_fields(env.name, schema, ctx.settings, chosen)
     fields = [field for field in fields if field.name not in set_by_caller]
     checked = dict(edits) if "backend" in set_by_caller else {**edits, "backend": chosen.value}

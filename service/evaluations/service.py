@@ -14,6 +14,7 @@ from service.db.models import Run
 from service.db.rows import load_row
 from service.errors import InvalidState, NotFound, RunNotFound, ValidationFailed
 from service.evaluations.schemas import EvaluationJudge, EvaluationOut, EvaluationRequest, ModelResult, PromptResult
+from service.jobs.runner import JobRunner
 from service.jobs.service import get_job
 from service.runs import datasets as dataset_runs
 from service.runs.paths import RunPaths
@@ -36,7 +37,7 @@ class EvaluationNotFound(NotFound):
 def start_evaluation(ctx: AppContext, request: EvaluationRequest) -> EvaluationOut:
     """Check everything the job will need, then submit it (202)."""
     plan = _plan(ctx, request)
-    job_id = ctx.jobs.submit(KIND, {**request.model_dump(mode="json"), **plan}, total=_total(plan, request))
+    job_id = JobRunner.of(ctx).submit(KIND, {**request.model_dump(mode="json"), **plan}, total=_total(plan, request))
     return get_evaluation(ctx, job_id)
 
 

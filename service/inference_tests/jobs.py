@@ -29,6 +29,7 @@ import yaml
 
 from service.children import service_child_environment
 from service.context import AppContext
+from service.environments.catalog import EnvironmentCatalog
 from service.errors import ServiceError
 from service.inference_tests import preflight
 from service.inference_tests.schemas import InferenceTestResult
@@ -223,7 +224,7 @@ def run_inference_test(ctx: AppContext, handle: JobHandle) -> InferenceTestResul
 def _plan(ctx: AppContext, handle: JobHandle) -> InferencePlan:
     params = handle.params
     try:
-        env = ctx.catalog.get(params["environment"])
+        env = EnvironmentCatalog.of(ctx).get(params["environment"])
     except ServiceError as error:
         raise JobFailed(error.message) from error
     return InferencePlan(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.context import AppContext
+from service.environments.catalog import EnvironmentCatalog
 from service.environments.discovery import EnvironmentInfo
 from service.environments.service import plan_run_config
 from service.errors import FieldLocked, NotFound
@@ -17,6 +18,7 @@ from service.inference_tests import preflight
 from service.inference_tests.jobs import KIND
 from service.inference_tests.schemas import CreateInferenceTestRequest, InferenceTestList, InferenceTestOut
 from service.jobs import service as jobs
+from service.jobs.runner import JobRunner
 from service.jobs.schemas import JobOut
 from service.settings import Backend
 from service.states import JobStatus
@@ -39,7 +41,7 @@ class InferenceTestNotFound(NotFound):
 
 def start_inference_test(ctx: AppContext, request: CreateInferenceTestRequest) -> InferenceTestOut:
     """Check everything that can be checked, then queue the test; returns its record (status `queued`)."""
-    env = ctx.catalog.get(request.environment)
+    env = EnvironmentCatalog.of(ctx).get(request.environment)
     timeout_s = ctx.settings.inference_test_timeout_s if request.timeout_s is None else request.timeout_s
     base_url = preflight.validate_base_url(request.base_url or ctx.settings.openrouter_base_url)
     preflight.endpoint_key(ctx.settings, base_url)  # a missing key is a 409 now, not a failure later
@@ -54,7 +56,7 @@ def start_inference_test(ctx: AppContext, request: CreateInferenceTestRequest) -
         "config": edits,
         "timeout_s": float(timeout_s),
     }
-    job_id = ctx.jobs.submit(KIND, params, total=request.num_steps * len(request.models))
+    job_id = JobRunner.of(ctx).submit(KIND, params, total=request.num_steps * len(request.models))
     return get_inference_test(ctx, job_id)
 
 

@@ -20,7 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import select, update
 
+from service.context import AppContext, Component
 from service.db.models import Job
+from service.db.rows import changed_rows
 from service.db.types import utcnow
 from service.states import JOB_TERMINAL, JobStatus
 
@@ -84,8 +86,8 @@ class JobHandle:
         self._cancel.set()
 
 
-class JobRunner:
-    def __init__(self, ctx: Any, workers: int = 2) -> None:
+class JobRunner(Component):
+    def __init__(self, ctx: AppContext, workers: int = 2) -> None:
         self.ctx = ctx
         self.db = ctx.db
         self.replica_id = ctx.replica_id
@@ -135,14 +137,16 @@ class JobRunner:
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued job at once, or ask a running one to stop; False if it had already ended."""
         with self.db.session() as session:
-            cancelled_queued = session.execute(
+            cancelled_queued = changed_rows(
+                session,
                 update(Job)
                 .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-                .values(status=JobStatus.CANCELLED, finished_at=utcnow(), cancel_requested=True)
-            ).rowcount
-            requested = session.execute(
-                update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True)
-            ).rowcount
+                .values(status=JobStatus.CANCELLED, finished_at=utcnow(), cancel_requested=True),
+            )
+            requested = changed_rows(
+                session,
+                update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True),
+            )
         with self._lock:
             handle = self._handles.get(job_id)
         if handle is not None:
@@ -165,11 +169,12 @@ class JobRunner:
 
     def _execute(self, job_id: str, resumed: bool) -> None:
         with self.db.session() as session:
-            started = session.execute(
+            started = changed_rows(
+                session,
                 update(Job)
                 .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-                .values(status=JobStatus.RUNNING, started_at=utcnow(), heartbeat_at=utcnow())
-            ).rowcount
+                .values(status=JobStatus.RUNNING, started_at=utcnow(), heartbeat_at=utcnow()),
+            )
             job = session.get(Job, job_id)
             kind, params = (job.kind, dict(job.params)) if job else (None, {})
         if not started or kind is None:

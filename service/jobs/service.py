@@ -8,7 +8,7 @@ from service.context import AppContext
 from service.db.models import Job
 from service.db.rows import load_row
 from service.errors import InvalidState, NotFound
-from service.jobs.runner import TERMINAL, JobStatus
+from service.jobs.runner import TERMINAL, JobRunner, JobStatus
 from service.jobs.schemas import JobList, JobOut, JobProgress
 from service.pagination import DEFAULT_PAGE, newest_first_page
 
@@ -60,5 +60,5 @@ def cancel_job(ctx: AppContext, job_id: str) -> JobOut:
         job = load_row(session, Job, job_id, JobNotFound)
         if job.status in TERMINAL:
             raise InvalidState(f"job {job_id} is already {job.status}", {"job_id": job_id, "status": job.status})
-    ctx.jobs.cancel(job_id)
+    JobRunner.of(ctx).cancel(job_id)
     return get_job(ctx, job_id)

@@ -28,6 +28,7 @@ from service.datasets.service import check_rewards, dataset_store
 from service.datasets.store import read_line_at
 from service.db.models import Dataset
 from service.db.rows import load_row
+from service.environments.catalog import EnvironmentCatalog
 from service.errors import ValidationFailed
 from service.runs.schemas import DatasetMode, DatasetSource
 from service.settings import BUILTIN_ENVIRONMENTS_DIR
@@ -137,7 +138,7 @@ def check_online_judge(ctx: AppContext, source: DatasetSource) -> None:
     for reward in source.rewards:
         if reward.name in GROUP_REWARDS or reward.name in BUILTIN_REWARDS:
             continue
-        file = ctx.catalog.get(reward.name).file_path.resolve()
+        file = EnvironmentCatalog.of(ctx).get(reward.name).file_path.resolve()
         if not file.is_relative_to(BUILTIN_ENVIRONMENTS_DIR):
             raise ValidationFailed(
                 f"the judge cannot run beside the scorer of {reward.name!r}: an online run's environment process "
@@ -330,5 +331,5 @@ def read_plan(run_dir: Path) -> dict[str, Any] | None:
 def _reward_entry(ctx: AppContext, reward: RewardSpec) -> dict[str, Any]:
     entry: dict[str, Any] = reward.model_dump()
     if reward.name not in BUILTIN_REWARDS and reward.name not in GROUP_REWARDS:
-        entry["file"] = str(ctx.catalog.get(reward.name).file_path)
+        entry["file"] = str(EnvironmentCatalog.of(ctx).get(reward.name).file_path)
     return entry

@@ -15,13 +15,15 @@ from pathlib import Path
 
 from sqlalchemy import select, update
 
-from service.context import AppContext
+from service.context import AppContext, Component
 from service.db.models import Run, RunProcess
 from service.db.types import utcnow
+from service.environments.catalog import EnvironmentCatalog
 from service.errors import Conflict
 from service.runs import admission, lifecycle, metrics
 from service.runs.launch import Ports, process_specs
 from service.runs.paths import RunPaths
+from service.runs.tiny_model import TinyModelBuilder
 from service.runs.wandb import run_wandb_mode
 from service.states import ProcessStatus, RunStatus
 from supervisor.executor import Executor, ProcessRecord
@@ -59,14 +61,14 @@ def build_executor(ctx: AppContext) -> Executor:
     )
 
 
-class RunManager:
+class RunManager(Component):
     def __init__(self, ctx: AppContext, executor: Executor | None = None) -> None:
         self.ctx = ctx
         self.replica_id = ctx.replica_id
         self.executor = executor or build_executor(ctx)
         self._closing = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        self._environment_file_for: Callable[[str], Path] = lambda name: ctx.catalog.get(name).file_path
+        self._environment_file_for: Callable[[str], Path] = lambda name: EnvironmentCatalog.of(ctx).get(name).file_path
 
     # --- service lifecycle ---
 
@@ -248,7 +250,7 @@ class RunManager:
         once (a build the start-up began is waited for, docs/RUNS.md#start-up-work)."""
         if backend != "local" or self.ctx.settings.local_base_model:
             return None
-        tiny_model = self.ctx.tiny_model
+        tiny_model = TinyModelBuilder.of(self.ctx)
 
         def prepare() -> None:
             tiny_model.ensure()

@@ -27,6 +27,7 @@ from sqlalchemy import select, update
 
 from service.context import AppContext
 from service.db.models import Run
+from service.environments.catalog import EnvironmentCatalog
 from service.errors import Conflict, Unauthorized, Unavailable
 from service.runs import lifecycle
 from service.runs.admission import run_resources
@@ -104,7 +105,7 @@ def build_plan(
 ) -> NodePlan:
     settings = ctx.settings
     paths = RunPaths(settings.data_path, run_id)
-    environment_file = ctx.catalog.get(environment).file_path
+    environment_file = EnvironmentCatalog.of(ctx).get(environment).file_path
     specs = process_specs(settings, paths, ports, environment_file, backend, wandb_mode)
     shipped_environment = paths.run_dir / "environment" / environment_file.name
     tokens = _Tokens(settings.data_path)

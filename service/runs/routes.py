@@ -17,6 +17,7 @@ from service.deps import Ctx
 from service.names import name_path
 from service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from service.runs import node, service
+from service.runs.manager import RunManager
 from service.runs.schemas import (
     CreateRunRequest,
     NodePlan,
@@ -72,7 +73,7 @@ async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> Ru
     `idempotency_key`, a retried request gets the run the first one created (header `Idempotent-Replayed: true`)
     instead of a new one.
     """
-    run, created = await run_in_threadpool(service.create_run, ctx, ctx.runs, body)
+    run, created = await run_in_threadpool(service.create_run, ctx, RunManager.of(ctx), body)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return run
@@ -134,7 +135,7 @@ async def stop_run(
     """Environment, then trainer, then API: SIGTERM to each process group, SIGKILL after the grace period.
     A run still starting stops starting; a queued run ends `stopped` without starting. A run that has already ended
     is a 409 INVALID_STATE."""
-    return await run_in_threadpool(service.stop_run, ctx, ctx.runs, run_id, wait_s)
+    return await run_in_threadpool(service.stop_run, ctx, RunManager.of(ctx), run_id, wait_s)
 
 
 @router.get(
@@ -246,4 +247,4 @@ async def get_node_plan(ctx: Ctx, run_id: RunId, secret: RunSecret = None) -> No
 @node_router.post("/{run_id}/node/report", response_model=NodeReportAnswer)
 async def post_node_report(ctx: Ctx, run_id: RunId, body: NodeReport, secret: RunSecret = None) -> NodeReportAnswer:
     """Mirrored logs, metrics and trainer state, and the supervisor's events; answers offsets and whether to stop."""
-    return await run_in_threadpool(node.node_report, ctx, ctx.runs.executor, run_id, secret, body)
+    return await run_in_threadpool(node.node_report, ctx, RunManager.of(ctx).executor, run_id, secret, body)

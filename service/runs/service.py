@@ -527,7 +527,7 @@ def _live_snapshot(ctx: AppContext, session: Session, run: Run, now: datetime) -
         wandb_url=run.wandb_url,
         failure=run.failure,
         checked_at=now,
-        processes=[_process_status(ctx.runs.executor, p) for p in run.processes],
+        processes=[_process_status(RunManager.of(ctx).executor, p) for p in run.processes],
         running_time_seconds=round(running_s, 1),
         running_time_minutes=round(running_s / 60, 2),
         metrics=HeadlineMetrics(step=record["last_step"], **headline),
@@ -632,7 +632,7 @@ def log_path(ctx: AppContext, run_id: str, role: str) -> RunPaths:
 
 def log_tail(ctx: AppContext, run_id: str, role: str, lines: int) -> str:
     paths = log_path(ctx, run_id, role)
-    tail = ctx.runs.executor.logs(run_id, role, paths.log(role), lines)
+    tail = RunManager.of(ctx).executor.logs(run_id, role, paths.log(role), lines)
     return "".join(ctx.scrub(line) + "\n" for line in tail)
 
 

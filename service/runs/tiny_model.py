@@ -14,13 +14,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from service.children import ChildRunner
+from service.context import Component
 from service.settings import REPO_ROOT
 from trainer.tiny_model import COMPLETE_MARKER
 
 BUILD_TIMEOUT_S = 600.0
 
 
-class TinyModelBuilder:
+class TinyModelBuilder(Component):
     def __init__(self, directory: Path, children: ChildRunner, environment: Callable[[], Mapping[str, str]]) -> None:
         self.directory = directory
         self._children = children

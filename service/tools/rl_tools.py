@@ -10,11 +10,13 @@ from typing import Any
 from service.auth.scopes import Scope
 from service.context import AppContext
 from service.environments import service as environments
+from service.environments.catalog import EnvironmentCatalog
 from service.errors import RateLimited, ValidationFailed
 from service.evaluations import service as evaluations
 from service.evaluations.schemas import EvaluationOut, EvaluationRequest
 from service.runs import service as runs
 from service.runs.datasets import DATASET_ENVIRONMENTS
+from service.runs.manager import RunManager
 from service.runs.ratelimit import describe_interval, status_rule
 from service.runs.schemas import CreateRunRequest
 from service.states import RunStatus
@@ -63,7 +65,7 @@ def list_environments(ctx: AppContext, _state: SessionState, _args: NoArguments)
 
 
 def select_environment(ctx: AppContext, state: SessionState, args: SelectEnvironmentArgs) -> SelectedResult:
-    env = ctx.catalog.get(args.name)
+    env = EnvironmentCatalog.of(ctx).get(args.name)
     state.selected_environment, state.pending_config = env.name, {}
     save(ctx, state)
     return SelectedResult(
@@ -123,7 +125,7 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
             priority=args.priority,
         )
     edits = request.config
-    run, _created = runs.create_run(ctx, ctx.runs, request)
+    run, _created = runs.create_run(ctx, RunManager.of(ctx), request)
     interval = describe_interval(ctx.settings.status_check_interval_s)
     return StartedResult(
         run_id=run.id,
@@ -170,7 +172,7 @@ def check_status(ctx: AppContext, _state: SessionState, args: RunArgs) -> Status
 
 
 def stop_training(ctx: AppContext, _state: SessionState, args: RunArgs) -> StoppedResult:
-    run = runs.stop_run(ctx, ctx.runs, args.run_id, wait_s=STOP_WAIT_S)
+    run = runs.stop_run(ctx, RunManager.of(ctx), args.run_id, wait_s=STOP_WAIT_S)
     stopped = run.status == RunStatus.STOPPED
     return StoppedResult(
         run_id=run.id, status=run.status, message="The run stopped." if stopped else "The run is stopping."

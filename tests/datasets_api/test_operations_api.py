@@ -16,6 +16,7 @@ from sqlalchemy import select
 from service.db.engine import Database
 from service.db.models import Dataset, Job
 from service.db.types import utcnow
+from service.jobs.runner import JobRunner
 from service.settings import Settings
 from tests.conftest import TEST_DATA
 from tests.datasets_api.chat_server import chat_server
@@ -279,7 +280,7 @@ def test_a_job_left_running_by_a_crashed_service_resumes(
         )
     database.dispose()
     with in_process_service(settings) as live, live.client() as client:
-        job = live.app.state.context.jobs.wait("crashedjob000001", 60)
+        job = JobRunner.of(live.app.state.context).wait("crashedjob000001", 60)
         assert job == "succeeded"
         result = client.get("/jobs/crashedjob000001").json()["result"]
         assert result["dataset_id"] == "dsresumed0000001" and result["record_count"] == 2

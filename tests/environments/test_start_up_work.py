@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.environments.catalog import EnvironmentCatalog
+from service.runs.tiny_model import TinyModelBuilder
 from tests.conftest import build_settings
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
@@ -65,7 +66,7 @@ def test_schemas_are_read_at_start_kept_on_disk_and_read_back_after_a_restart(
     store = settings.schema_store_dir
     with in_process_service(settings) as live, live.client() as client:
         # the shipped environments and `extra`; `broken` is never stored
-        environments, _ = live.app.state.context.catalog.discover()
+        environments, _ = EnvironmentCatalog.of(live.app.state.context).discover()
         importable = len([env for env in environments if env.name != "broken"])
         wait_until(
             lambda: len(list(store.glob("*.json"))) >= importable, timeout=180, message="schemas stored at start"
@@ -128,6 +129,6 @@ def test_the_tiny_model_is_built_at_start_in_a_child(tmp_path: Path) -> None:
         runner.run = recorded
 
     with in_process_service(settings, prepare=record_children) as live:
-        wait_until(live.app.state.context.tiny_model.built, timeout=180, message="the tiny model built")
+        wait_until(TinyModelBuilder.of(live.app.state.context).built, timeout=180, message="the tiny model built")
         assert (settings.tiny_model_dir / "config.json").exists()
     assert [argv[1:3] for argv in children_run if "trainer.tiny_model" in argv] == [["-m", "trainer.tiny_model"]]

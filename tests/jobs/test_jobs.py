@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.jobs import runner as runner_module
-from service.jobs.runner import JobFailed, JobHandle, JobKind
+from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
 from service.settings import Settings
 from tests.support.live import in_process_service
 from tests.support.waiting import scaled, wait_until
@@ -37,7 +37,7 @@ def crashing(_ctx: Any, _handle: JobHandle) -> dict[str, Any]:
 
 
 def register(app: FastAPI, resumable: bool = True) -> None:
-    runner = app.state.context.jobs
+    runner = JobRunner.of(app.state.context)
     runner.register(JobKind("test_count", counting, resumable=resumable))
     runner.register(JobKind("test_fail", failing))
     runner.register(JobKind("test_crash", crashing))
@@ -45,7 +45,7 @@ def register(app: FastAPI, resumable: bool = True) -> None:
 
 def test_progress_and_result(make_settings: Callable[..., Settings]) -> None:
     with in_process_service(make_settings(), register) as live, live.client() as client:
-        job_id = live.app.state.context.jobs.submit("test_count", {"count": 5})
+        job_id = JobRunner.of(live.app.state.context).submit("test_count", {"count": 5})
         job = wait_until(
             lambda: (j := client.get(f"/jobs/{job_id}").json())["status"] == "succeeded" and j,
             timeout=30,
@@ -59,7 +59,7 @@ def test_progress_and_result(make_settings: Callable[..., Settings]) -> None:
 
 def test_failures_are_recorded_with_their_reason(make_settings: Callable[..., Settings]) -> None:
     with in_process_service(make_settings(), register) as live, live.client() as client:
-        runner = live.app.state.context.jobs
+        runner = JobRunner.of(live.app.state.context)
         failed, crashed = runner.submit("test_fail", {}), runner.submit("test_crash", {})
         assert runner.wait(failed, 30) == "failed" and runner.wait(crashed, 30) == "failed"
         assert client.get(f"/jobs/{failed}").json()["error"] == "the input was not what it should be"
@@ -69,10 +69,10 @@ def test_failures_are_recorded_with_their_reason(make_settings: Callable[..., Se
 def test_cancel_a_running_job_and_refuse_to_cancel_an_ended_one(make_settings: Callable[..., Settings]) -> None:
     release.clear()
     with in_process_service(make_settings(), register) as live, live.client() as client:
-        job_id = live.app.state.context.jobs.submit("test_count", {"count": 10, "pause_at": 3})
+        job_id = JobRunner.of(live.app.state.context).submit("test_count", {"count": 10, "pause_at": 3})
         wait_until(lambda: client.get(f"/jobs/{job_id}").json()["progress"]["done"] == 3, timeout=30, message="3")
         assert client.post(f"/jobs/{job_id}/cancel").status_code == 200
-        assert live.app.state.context.jobs.wait(job_id, 30) == "cancelled"
+        assert JobRunner.of(live.app.state.context).wait(job_id, 30) == "cancelled"
         again = client.post(f"/jobs/{job_id}/cancel")
         assert again.status_code == 409 and again.json()["error"]["code"] == "INVALID_STATE"
         assert client.get("/jobs/nope").status_code == 404
@@ -82,11 +82,13 @@ def test_a_restart_resumes_resumable_jobs_and_fails_the_others(make_settings: Ca
     release.clear()
     settings = make_settings()
     with in_process_service(settings, register) as live:
-        resumable = live.app.state.context.jobs.submit("test_count", {"count": 4, "pause_at": 2})
-        wait_until(lambda: live.app.state.context.jobs.wait(resumable, 0) == "running", timeout=30, message="run")
+        resumable = JobRunner.of(live.app.state.context).submit("test_count", {"count": 4, "pause_at": 2})
+        wait_until(
+            lambda: JobRunner.of(live.app.state.context).wait(resumable, 0) == "running", timeout=30, message="run"
+        )
     release.set()  # the service is gone; the next one will finish the job
     with in_process_service(settings, register) as live, live.client() as client:
-        assert live.app.state.context.jobs.wait(resumable, 30) == "succeeded"
+        assert JobRunner.of(live.app.state.context).wait(resumable, 30) == "succeeded"
         assert client.get(f"/jobs/{resumable}").json()["result"] == {"counted": 4, "resumed": True}
 
 
@@ -94,8 +96,8 @@ def test_a_restart_fails_jobs_that_cannot_resume(make_settings: Callable[..., Se
     release.clear()
     settings = make_settings()
     with in_process_service(settings, lambda app: register(app, resumable=False)) as live:
-        job_id = live.app.state.context.jobs.submit("test_count", {"count": 4, "pause_at": 2})
-        wait_until(lambda: live.app.state.context.jobs.wait(job_id, 0) == "running", timeout=30, message="run")
+        job_id = JobRunner.of(live.app.state.context).submit("test_count", {"count": 4, "pause_at": 2})
+        wait_until(lambda: JobRunner.of(live.app.state.context).wait(job_id, 0) == "running", timeout=30, message="run")
     with in_process_service(settings, lambda app: register(app, resumable=False)) as live, live.client() as client:
         job = client.get(f"/jobs/{job_id}").json()
         assert job["status"] == "failed"
@@ -119,7 +121,7 @@ def test_a_job_claimed_while_the_service_closes_is_asked_to_stop_too(
     monkeypatch.setattr(runner_module, "JobHandle", LateHandle)
     settings = make_settings()
     with in_process_service(settings, lambda app: register(app, resumable=False)) as live:
-        jobs = live.app.state.context.jobs
+        jobs = JobRunner.of(live.app.state.context)
         job_id = jobs.submit("test_count", {"count": 4, "pause_at": 2})
         wait_until(claimed.is_set, timeout=30, message="the job claimed")
         pool = jobs._pool  # close() waits for its threads right after it has looked for running jobs

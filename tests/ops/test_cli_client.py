@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from service.jobs.runner import JobFailed, JobHandle, JobKind
+from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
 from service.runs.paths import RunPaths
 from service.settings import Settings
 from tests.conftest import build_settings
@@ -160,15 +160,15 @@ def _failing(_ctx: Any, _handle: JobHandle) -> dict[str, Any]:
 
 
 def _register(app: FastAPI) -> None:
-    app.state.context.jobs.register(JobKind("cli_stepping", _stepping))
-    app.state.context.jobs.register(JobKind("cli_failing", _failing))
+    JobRunner.of(app.state.context).register(JobKind("cli_stepping", _stepping))
+    JobRunner.of(app.state.context).register(JobKind("cli_failing", _failing))
 
 
 @pytest.mark.e2e
 def test_following_a_job_shows_live_progress(make_settings: Callable[..., Settings]) -> None:
     gate.clear()
     with live_service(make_settings(), _register) as live:
-        runner = live.app.state.context.jobs
+        runner = JobRunner.of(live.app.state.context)
         job_id = runner.submit("cli_stepping", {})
         follower = spawn(live.base_url, "jobs", "show", job_id, "-f", "--interval", "0.1", "--json")
         try:

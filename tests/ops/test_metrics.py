@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.jobs.runner import JobFailed, JobHandle, JobKind
+from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
 from service.settings import Settings
 from tests.conftest import build_settings
 from tests.ops.seeding import SeededRun, seed_run
@@ -82,8 +82,8 @@ def _fail(_ctx: Any, _handle: JobHandle) -> dict[str, Any]:
 
 
 def _register_jobs(app: FastAPI) -> None:
-    app.state.context.jobs.register(JobKind("ops_ok", _succeed))
-    app.state.context.jobs.register(JobKind("ops_fail", _fail))
+    JobRunner.of(app.state.context).register(JobKind("ops_ok", _succeed))
+    JobRunner.of(app.state.context).register(JobKind("ops_fail", _fail))
 
 
 def test_state_gauges_come_from_the_database_on_every_replica_and_after_a_restart(
@@ -96,7 +96,7 @@ def test_state_gauges_come_from_the_database_on_every_replica_and_after_a_restar
     seed_run(settings, SeededRun(status="failed"))
 
     with in_process_service(settings, _register_jobs) as first, first.client() as client:
-        runner = first.app.state.context.jobs
+        runner = JobRunner.of(first.app.state.context)
         jobs = [runner.submit("ops_ok", {}), runner.submit("ops_ok", {}), runner.submit("ops_fail", {})]
         assert [runner.wait(job, 30) for job in jobs] == ["succeeded", "succeeded", "failed"]
         assert client.get(f"/runs/{live_run.id}/status").status_code == 200

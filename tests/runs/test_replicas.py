@@ -12,6 +12,7 @@ import pytest
 
 from service.db.engine import Database
 from service.db.models import Run, RunProcess
+from service.runs.manager import RunManager
 from service.settings import Settings
 from supervisor.start_time import start_time_of
 from tests.runs.conftest import wait_for_status
@@ -53,7 +54,7 @@ def test_runs_of_a_dead_replica_end_with_a_reason_and_its_processes_are_not_sign
                     )
                 )
             db.dispose()
-            live.app.state.context.runs.recover()  # what a start-up (or the heartbeat sweep) does
+            RunManager.of(live.app.state.context).recover()  # what a start-up (or the heartbeat sweep) does
             with live.client() as client:
                 run = client.get("/runs/orphaned").json()
         assert run["status"] == "failed"
