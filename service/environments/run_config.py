@@ -236,30 +236,17 @@ def build_run_config(
     `managed` gives managed fields their values (others are null); `total_steps` replaces the locked value
     where the run's data decides it (an offline dataset run's epochs)."""
     backend = Backend(edits.get("backend") or settings.effective_default_backend)
-    fields = configurable_fields(env_name, schema, settings, backend)
-    values = effective_values(edits, fields)
+    values = effective_values(edits, configurable_fields(env_name, schema, settings, backend))
     locked = locked_values(settings, backend)
-    api_url = f"http://127.0.0.1:{placement.api_port}" if placement.api_port else PLACEHOLDER_URL
-    locked["rollout_server_url"] = api_url
+    locked["rollout_server_url"] = f"http://127.0.0.1:{placement.api_port}" if placement.api_port else PLACEHOLDER_URL
     if total_steps is not None:
         locked["total_steps"] = total_steps
     wandb_name = values.get("wandb_name") or f"{env_name}-{now:%Y%m%d-%H%M%S}"
-    env_field_names = {f.name for f in schema.fields}
-
-    env_section = {f.name: f.default for f in schema.fields}
-    env_section.update({k: v for k, v in values.items() if k in env_field_names})
-    env_section.update({f.name: locked[f.name] for f in LOCKED_FIELDS if f.in_env and f.name in env_field_names})
-    env_section["wandb_name"] = wandb_name
-    managed_values = managed or {}
-    for name in MANAGED_ENV_FIELDS:
-        if name in env_field_names:
-            env_section[name] = wandb_enabled if name == "use_wandb" else managed_values.get(name)
-
     inference_url = (
         f"http://127.0.0.1:{placement.inference_port}/v1" if placement.inference_port else PLACEHOLDER_URL + "/v1"
     )
     return {
-        "env": env_section,
+        "env": _env_section(schema, values, locked, wandb_name, wandb_enabled, managed or {}),
         "openai": [
             {
                 "model_name": locked["tokenizer_name"],
@@ -270,28 +257,55 @@ def build_run_config(
                 "timeout": int(locked["worker_timeout"]),
             }
         ],
-        "tinker": {
-            "backend": backend.value,
-            "base_model": locked["tokenizer_name"],
-            "lora_rank": locked["lora_rank"],
-            "learning_rate": locked["learning_rate"],
-            "total_steps": locked["total_steps"],
-            "batch_size": values["batch_size"],
-            "group_size": values["group_size"],
-            "max_token_trainer_length": locked["max_token_trainer_length"],
-            "save_checkpoint_interval": locked["save_checkpoint_interval"],
-            "inference_host": "127.0.0.1",
-            "inference_port": placement.inference_port,
-            "run_dir": placement.run_dir,
-            "wandb_project": values["wandb_project"],
-            "wandb_run_name": wandb_name,
-            "seed": 0,
-            **{field.name: values[field.name] for field in RUN_FIELDS},
-            # a dataset environment's choice (docs/RUNS.md#training-on-a-dataset); false for every other
-            "normalize_advantages": bool(values.get("normalize_by_std", False)),
-        },
+        "tinker": _tinker_section(backend, values, locked, placement, wandb_name),
         "slurm": False,
         "testing": False,
+    }
+
+
+def _env_section(
+    schema: ConfigSchema,
+    values: dict[str, Any],
+    locked: dict[str, Any],
+    wandb_name: str,
+    wandb_enabled: bool,
+    managed: dict[str, Any],
+) -> dict[str, Any]:
+    """The environment's config class's fields: its defaults < edits < locked values; managed fields rlctl sets."""
+    env_field_names = {f.name for f in schema.fields}
+    section = {f.name: f.default for f in schema.fields}
+    section.update({k: v for k, v in values.items() if k in env_field_names})
+    section.update({f.name: locked[f.name] for f in LOCKED_FIELDS if f.in_env and f.name in env_field_names})
+    section["wandb_name"] = wandb_name
+    for name in MANAGED_ENV_FIELDS:
+        if name in env_field_names:
+            section[name] = wandb_enabled if name == "use_wandb" else managed.get(name)
+    return section
+
+
+def _tinker_section(
+    backend: Backend, values: dict[str, Any], locked: dict[str, Any], placement: RunPlacement, wandb_name: str
+) -> dict[str, Any]:
+    """What the trainer reads."""
+    return {
+        "backend": backend.value,
+        "base_model": locked["tokenizer_name"],
+        "lora_rank": locked["lora_rank"],
+        "learning_rate": locked["learning_rate"],
+        "total_steps": locked["total_steps"],
+        "batch_size": values["batch_size"],
+        "group_size": values["group_size"],
+        "max_token_trainer_length": locked["max_token_trainer_length"],
+        "save_checkpoint_interval": locked["save_checkpoint_interval"],
+        "inference_host": "127.0.0.1",
+        "inference_port": placement.inference_port,
+        "run_dir": placement.run_dir,
+        "wandb_project": values["wandb_project"],
+        "wandb_run_name": wandb_name,
+        "seed": 0,
+        **{field.name: values[field.name] for field in RUN_FIELDS},
+        # a dataset environment's choice (docs/RUNS.md#training-on-a-dataset); false for every other
+        "normalize_advantages": bool(values.get("normalize_by_std", False)),
     }
 
 

@@ -1,69 +1,44 @@
-"""The import rules of docs/ARCHITECTURE.md, checked on the source: a package imports only what its row allows."""
+"""The import rules of docs/ARCHITECTURE.md, checked on the source (`tests/architecture/layers.py` holds them)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"service", "supervisor", "trainer", "trajectories", "judging", "environments", "migrations"}
-
-# package -> first-party packages it may import (itself always allowed)
-ALLOWED: dict[str, set[str]] = {
-    "trajectories": set(),
-    "supervisor": set(),
-    "trainer": {"trajectories"},
-    "judging": {"trajectories"},
-    "environments": {"trajectories", "judging"},
-    "service": {"supervisor", "trainer", "trajectories", "judging"},
-}
-# third-party modules a package must never import, with the reason
-FORBIDDEN_THIRD_PARTY: dict[str, dict[str, str]] = {
-    "supervisor": {"fastapi": "supervision knows nothing of HTTP", "starlette": "supervision knows nothing of HTTP"},
-    "judging": {"sqlalchemy": "no database: the caller gives the cache its store", "fastapi": "no web framework"},
-    "trajectories": {
-        "fastapi": "pure logic",
-        "sqlalchemy": "pure logic: no database",
-        "openai": "pure logic: no network clients",
-        "httpx": "pure logic: no network clients",
-    },
-}
+from tests.architecture import layers
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
-    return found
+@pytest.mark.parametrize("wing", sorted(layers.WINGS))
+def test_a_wing_imports_only_what_its_row_allows(wing: str) -> None:
+    assert layers.wing_violations(wing) == []
 
 
-def violations(package: str) -> list[str]:
-    problems = []
-    allowed = ALLOWED[package] | {package}
-    forbidden = FORBIDDEN_THIRD_PARTY.get(package, {})
-    for path in sorted((REPO_ROOT / package).rglob("*.py")):
-        for line, module in imported_modules(path):
-            top = module.split(".")[0]
-            where = f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
-            if top in FIRST_PARTY and top not in allowed:
-                problems.append(where)
-            elif top in forbidden:
-                problems.append(f"{where} ({forbidden[top]})")
-    return problems
+def test_service_imports_go_down_its_layers() -> None:
+    assert layers.layer_violations() == []
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
-def test_package_imports_follow_the_rules(package: str) -> None:
-    assert violations(package) == []
+def test_service_has_no_import_cycle() -> None:
+    assert layers.unit_cycles() == []
+
+
+def test_every_part_of_service_has_a_layer() -> None:
+    service = layers.REPO_ROOT / "service"
+    units = {path.stem for path in service.glob("*.py")} | {
+        path.name for path in service.iterdir() if (path / "__init__.py").exists()
+    }
+    assert sorted(unit for unit in units if layers.layer_of(unit) is None) == []
 
 
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "bad.py"
-    module.write_text("from service.errors import NotFound\nimport fastapi\n")
-    assert [name for _, name in imported_modules(module)] == ["service.errors", "fastapi"]
+    module.write_text("from service.errors import NotFound\nimport fastapi\nfrom . import sibling\n")
+    assert [name for _, name in layers.imported_modules(module)] == ["service.errors", "fastapi", "sibling"]
+
+
+def test_the_layers_see_an_upward_import_and_a_cycle() -> None:
+    assert layers.layer_of("settings") == layers.KERNEL_LAYER
+    order = [layers.layer_of(unit) for unit in ("environments", "datasets", "runs", "tools", "app", "cli")]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert layers._strongly_connected(graph) == [["a", "b", "c"], ["d"]]
