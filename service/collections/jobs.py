@@ -23,6 +23,7 @@ import httpx2  # the HTTP library of the openai SDK (its fork of httpx)
 import openai
 from sqlalchemy import select
 
+from sandbox.bubblewrap import Sandbox, find_sandbox
 from service.collections import service
 from service.collections.agent import (
     MAX_RESPONSE_BYTES,
@@ -32,7 +33,6 @@ from service.collections.agent import (
     Trajectory,
     run_agent,
 )
-from service.collections.sandbox import Sandbox, find_sandbox
 from service.collections.schemas import CollectionStatus
 from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
 from service.collections.tools import Toolbox

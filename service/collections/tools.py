@@ -3,7 +3,7 @@
 `read_file` and `write_file` run in the service: they walk the path inside the work directory one name at a time
 without following any link (`O_NOFOLLOW` at every step), and refuse `..` out of it, absolute paths, links, FIFOs
 and files with more than one name (a hard link made by `terminal` is refused). `terminal` runs `bash -c` in the
-sandbox of service/collections/sandbox.py (namespaces, seccomp, limits, no secrets, network only to the named
+sandbox of sandbox/bubblewrap.py (namespaces, seccomp, limits, no secrets, network only to the named
 destinations), killed whole on time-out and when the command ends; only the first `output_limit` characters of its
 output are kept, and going over the memory limit is the call's error. Without a sandbox it refuses.
 """
@@ -19,8 +19,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from service.collections.netgate import NetworkPolicy
-from service.collections.sandbox import LIMITS, Sandbox, SandboxUnavailable
+from sandbox.bubblewrap import LIMITS, Sandbox
+from sandbox.errors import SandboxError
+from sandbox.netgate import NetworkPolicy
 
 TOOL_NAMES = ("terminal", "read_file", "write_file")
 MAX_WRITE_BYTES = 1 << 20
@@ -122,7 +123,7 @@ class Toolbox:
         self._check_disk(0)
         try:
             started = self.runner.start(self.sandbox, command, self.network)
-        except (SandboxUnavailable, OSError) as error:  # e.g. resumed where the relay's Python is gone
+        except (SandboxError, OSError) as error:  # e.g. resumed where the relay's Python is gone
             raise ToolError(f"the sandbox could not be started: {error}") from None
         with started as call:
             output = _LimitedReader(call.process.stdout, self.output_limit)

@@ -8,20 +8,26 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"service", "supervisor", "trainer", "trajectories", "judging", "environments", "migrations"}
+FIRST_PARTY = {"service", "supervisor", "trainer", "trajectories", "judging", "environments", "migrations", "sandbox"}
 
 # package -> first-party packages it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     "trajectories": set(),
     "supervisor": set(),
+    "sandbox": set(),
     "trainer": {"trajectories"},
     "judging": {"trajectories"},
     "environments": {"trajectories", "judging"},
-    "service": {"supervisor", "trainer", "trajectories", "judging"},
+    "service": {"supervisor", "sandbox", "trainer", "trajectories", "judging"},
 }
 # third-party modules a package must never import, with the reason
 FORBIDDEN_THIRD_PARTY: dict[str, dict[str, str]] = {
     "supervisor": {"fastapi": "supervision knows nothing of HTTP", "starlette": "supervision knows nothing of HTTP"},
+    "sandbox": {
+        "fastapi": "OS isolation knows nothing of HTTP",
+        "starlette": "OS isolation knows nothing of HTTP",
+        "sqlalchemy": "OS isolation: no database",
+    },
     "judging": {"sqlalchemy": "no database: the caller gives the cache its store", "fastapi": "no web framework"},
     "trajectories": {
         "fastapi": "pure logic",

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from service.collections.sandbox import Sandbox, SandboxUnavailable, find_sandbox, require_sandbox
+from sandbox import errors as sandbox_errors
+from sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
+from service.collections.service import require_terminal_sandbox
 from service.collections.tools import TOOL_NAMES, Toolbox
+from service.datasets.errors import SandboxUnavailable
 from tests.support.reaper import processes_named
 from tests.support.waiting import wait_until
 
@@ -124,9 +127,12 @@ def test_file_size_and_output_limits(toolbox: Toolbox) -> None:
 
 def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Path) -> None:
     assert isinstance(find_sandbox(str(tmp_path / "no-bwrap"), 65534), str)
-    with pytest.raises(SandboxUnavailable) as refused:
+    with pytest.raises(sandbox_errors.SandboxUnavailable, match="not installed"):
         require_sandbox(str(tmp_path / "no-bwrap"), 65534)
+    with pytest.raises(SandboxUnavailable) as refused:
+        require_terminal_sandbox(str(tmp_path / "no-bwrap"), 65534)
     assert refused.value.status_code == 409 and refused.value.code == "SANDBOX_UNAVAILABLE"
+    assert refused.value.message.startswith("the terminal tool needs a sandbox and none can be made here: ")
     unsandboxed = Toolbox(list(TOOL_NAMES), tmp_path, timeout_s=1.0, output_limit=100, runner=None)
     result = json.loads(unsandboxed.call("terminal", {"command": "touch ran"}))
     assert "never runs unsandboxed" in result["error"] and not (tmp_path / "ran").exists()

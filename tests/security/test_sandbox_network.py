@@ -14,14 +14,10 @@ from typing import Any
 
 import pytest
 
-from service.collections.netgate import (
-    DestinationError,
-    NetworkPolicy,
-    parse_allowed_ranges,
-    parse_destination,
-)
-from service.collections.sandbox import Sandbox
-from service.collections.seccomp import native_arch
+from sandbox.bubblewrap import Sandbox
+from sandbox.errors import DestinationError
+from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
+from sandbox.seccomp import native_arch
 from service.collections.tools import TOOL_NAMES, Toolbox
 from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
