@@ -38,6 +38,7 @@ from sandbox.errors import NetworkUnavailable, SandboxUnavailable
 from sandbox.memcap import CallCgroup, CgroupRoot, find_cgroup_root
 from sandbox.netgate import RELAY, Gate, NetworkPolicy, relay_python
 from sandbox.seccomp import build_filter, native_arch
+from sandbox.workdir import WorkDir
 
 WORKDIR = "/work"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -79,6 +80,12 @@ class Sandbox:
         """Makes the work directory the sandbox user's (when the service is root, it writes as another user)."""
         if self.drop_to_uid is not None:
             os.chown(workdir, self.drop_to_uid, self.drop_to_uid)
+
+    def workdir(self, root: Path) -> WorkDir:
+        """The work directory `root` of calls, made the sandbox user's, with the disk limit."""
+        workdir = WorkDir(root, self.limits.disk_bytes, self.drop_to_uid)
+        self.prepare(workdir.root)
+        return workdir
 
     def start(self, workdir: Path, command: str, network: NetworkPolicy | None = None) -> SandboxCall:
         """The command started in the sandbox (see SandboxCall); `network`: the destinations it may reach."""

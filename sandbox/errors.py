@@ -21,3 +21,7 @@ class DestinationError(SandboxError, ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class WorkDirRefusal(SandboxError):
+    """A file access the work directory refuses (a path out of it, a link, a missing file, the disk limit)."""

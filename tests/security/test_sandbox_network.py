@@ -18,7 +18,7 @@ from sandbox.bubblewrap import Sandbox
 from sandbox.errors import DestinationError
 from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
 from sandbox.seccomp import native_arch
-from service.collections.tools import TOOL_NAMES, Toolbox
+from service.collections.agent_tools import TOOL_NAMES, Toolbox
 from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.live import in_process_service
@@ -76,7 +76,7 @@ def unnamed() -> Iterator[Site]:
 def toolbox_for(tmp_path: Path, sandbox: Sandbox, network: NetworkPolicy | None, name: str = "work") -> Toolbox:
     work = tmp_path / name
     work.mkdir()
-    return Toolbox(list(TOOL_NAMES), work, timeout_s=20.0, output_limit=8000, runner=sandbox, network=network)
+    return Toolbox(list(TOOL_NAMES), work, timeout_s=20.0, output_limit=8000, sandbox=sandbox, network=network)
 
 
 def run(toolbox: Toolbox, command: str) -> dict[str, Any]:
@@ -220,7 +220,7 @@ def test_seccomp_blocks_kernel_surfaces_with_eperm(tmp_path: Path, sandbox: Sand
         "os._exit(0) if pid == 0 else print('fork', os.waitpid(pid, 0)[1])\n"
     )
     toolbox = toolbox_for(tmp_path, sandbox, None)
-    (toolbox.sandbox / "probe.py").write_text(probe)
+    (toolbox.workdir.root / "probe.py").write_text(probe)
     result = run(toolbox, "grep Seccomp: /proc/self/status; python3 probe.py; unshare --mount true; echo u=$?")
     lines = result["output"].splitlines()
     assert "Seccomp:\t2" in lines, result  # filter mode
