@@ -185,7 +185,6 @@ class SandboxCall:
     memory cgroup and its network gate, all ended by `close` (or leaving the `with` block)."""
 
     def __init__(self, sandbox: Sandbox, workdir: Path, command: str, network: NetworkPolicy | None) -> None:
-        self.sandbox = sandbox
         self.group: CallCgroup | None = None
         self.gate: Gate | None = None
         self._closed = False
