@@ -136,3 +136,16 @@ def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Pa
     unsandboxed = Toolbox(list(TOOL_NAMES), tmp_path, timeout_s=1.0, output_limit=100, sandbox=None)
     result = json.loads(unsandboxed.call("terminal", {"command": "touch ran"}))
     assert "never runs unsandboxed" in result["error"] and not (tmp_path / "ran").exists()
+
+
+def test_a_sandbox_that_cannot_have_a_network_is_refused_with_the_same_answer(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sandbox.bubblewrap.relay_python", lambda: None)
+    with pytest.raises(sandbox_errors.NetworkUnavailable):
+        require_sandbox(sandbox.bwrap, 65534, network=True)
+    with pytest.raises(SandboxUnavailable) as refused:
+        require_terminal_sandbox(sandbox.bwrap, 65534, network=True)
+    assert refused.value.status_code == 409 and refused.value.code == "SANDBOX_UNAVAILABLE"
+    assert refused.value.message == "the sandbox's network needs a Python interpreter under /usr and there is none"
+    assert refused.value.details == {"tool": "terminal"}
