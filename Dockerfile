@@ -21,6 +21,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt
 COPY service ./service
 COPY supervisor ./supervisor
+COPY sandbox ./sandbox
 COPY trainer ./trainer
 COPY trajectories ./trajectories
 COPY environments ./environments

@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from service.collections.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination  # noqa: E402
-from service.collections.sandbox import find_sandbox  # noqa: E402
+from sandbox.bubblewrap import find_sandbox  # noqa: E402
+from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.collections.netgate import parse_allowed_ranges
+from sandbox.netgate import parse_allowed_ranges
 from trainer.defaults import LOCAL_DEFAULTS, TINKER_BASE_MODEL, TINKER_DEFAULTS
 from trainer.tiny_model import default_tiny_model_dir
 

@@ -15,8 +15,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth.scopes import Scope, allows
-from service.auth.tokens import ANONYMOUS, ENV_TOKEN_NAME, Principal, TokenFileError, find_token
-from service.context import AppContext
+from service.auth.tokens import ANONYMOUS, ENV_TOKEN_NAME, Principal, TokenFileError, TokenStore, find_token
 from service.errors import InsufficientScope, Unauthorized, Unavailable
 from service.observability import actor_var
 from service.settings import Settings
@@ -26,15 +25,14 @@ bearer_scheme = HTTPBearer(auto_error=False, description="RLCTL_API_TOKEN, or a 
 MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer <token>'"
 
 
-def identify(ctx: AppContext, authorization: str | None) -> Principal:
+def identify(settings: Settings, tokens: TokenStore, authorization: str | None) -> Principal:
     """The principal of an Authorization header value; raises Unauthorized (401) for a missing or unknown token."""
-    settings = ctx.settings
     scheme, _, given = (authorization or "").partition(" ")
     given = given.strip() if scheme.lower() == "bearer" else ""
     if given and settings.api_token is not None and token_matches(given, settings.api_token.get_secret_value()):
         return Principal(ENV_TOKEN_NAME, (Scope.ADMIN,))  # before the file: it still works when the file is broken
     try:
-        entries = ctx.tokens.read()
+        entries = tokens.read()
     except TokenFileError as exc:
         # Fail closed: a broken file must not turn a server with no RLCTL_API_TOKEN into an open one.
         logger.error("%s", exc)
@@ -68,7 +66,8 @@ async def authenticate(
 ) -> Principal:
     """Router-level: who calls. Also enforces `admin` on a protected route that declares no scope."""
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    principal = identify(request.app.state.context, header)
+    context = request.app.state.context
+    principal = identify(context.settings, context.tokens, header)
     remember(request, principal)
     if route_scope(request.scope.get("route")) is None:
         require(principal, Scope.ADMIN, "a route without a declared scope")

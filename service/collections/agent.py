@@ -15,7 +15,7 @@ from typing import Any
 
 import openai
 
-from service.collections.tools import Toolbox
+from service.collections.agent_tools import Toolbox
 from trajectories.tags import parse_tagged_tool_calls, without_tool_calls
 
 # Bounds of one item, so a hostile or broken model cannot grow the service's memory or the dataset without end.

@@ -23,6 +23,7 @@ import httpx2  # the HTTP library of the openai SDK (its fork of httpx)
 import openai
 from sqlalchemy import select
 
+from sandbox.bubblewrap import Sandbox, find_sandbox
 from service.collections import service
 from service.collections.agent import (
     MAX_RESPONSE_BYTES,
@@ -32,10 +33,9 @@ from service.collections.agent import (
     Trajectory,
     run_agent,
 )
-from service.collections.sandbox import Sandbox, find_sandbox
+from service.collections.agent_tools import Toolbox
 from service.collections.schemas import CollectionStatus
 from service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
-from service.collections.tools import Toolbox
 from service.context import AppContext
 from service.datasets.builder import DatasetBuilder
 from service.datasets.service import dataset_store, get_dataset
@@ -109,10 +109,10 @@ class CollectionRun:
         self._consecutive_connection_failures = 0
         self._unreachable: str | None = None  # why the job stops early (the endpoint, or the size limit)
         self._kept_bytes = sum(p.stat().st_size for p in (self.directory / "items").glob("*.json"))
-        self.runner: Sandbox | None = None
+        self.sandbox: Sandbox | None = None
         if "terminal" in params["tools"]:  # checked at creation; a service moved since then gets None: refusals
             found = find_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid)
-            self.runner = found if isinstance(found, Sandbox) else None
+            self.sandbox = found if isinstance(found, Sandbox) else None
         # The server's allowed ranges as they are now: a resumed collection follows today's rule.
         self.network = service.network_policy(ctx, params.get("network") or [])
 
@@ -161,15 +161,15 @@ class CollectionRun:
     def _run_pair(self, prompt_index: int, run_index: int) -> None:
         if self._stopping():
             return
-        sandbox = self.directory / "sandboxes" / f"{prompt_index}-{run_index}"
-        shutil.rmtree(sandbox, ignore_errors=True)
-        sandbox.mkdir(parents=True)
+        workdir = self.directory / "sandboxes" / f"{prompt_index}-{run_index}"
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
         toolbox = Toolbox(
             self.params["tools"],
-            sandbox,
+            workdir,
             self.params["tool_timeout_s"],
             self.params["tool_output_limit"],
-            self.runner,
+            self.sandbox,
             self.network,
         )
         try:
@@ -185,7 +185,7 @@ class CollectionRun:
             self._record_failure(prompt_index, run_index, error)
             return
         finally:
-            shutil.rmtree(sandbox, ignore_errors=True)
+            shutil.rmtree(workdir, ignore_errors=True)
         with self._lock:
             self._consecutive_connection_failures = 0
         self._record_trajectory(prompt_index, run_index, trajectory, toolbox)

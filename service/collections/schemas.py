@@ -9,7 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.collections.netgate import MAX_DESTINATIONS, DestinationError, parse_destination
+from sandbox.errors import DestinationError
+from sandbox.netgate import MAX_DESTINATIONS, parse_destination
 from service.jobs.schemas import JobOut
 from service.names import NAME_PATTERN
 

@@ -11,8 +11,9 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.collections.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
-from service.collections.sandbox import require_sandbox
+from sandbox import errors as sandbox_errors
+from sandbox.bubblewrap import Sandbox, require_sandbox
+from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
 from service.collections.schemas import (
     ENDED,
     CollectionItemOut,
@@ -26,7 +27,7 @@ from service.collections.schemas import (
 )
 from service.context import AppContext
 from service.datasets.builder import new_dataset_id
-from service.datasets.errors import CollectionNotFound
+from service.datasets.errors import CollectionNotFound, SandboxUnavailable
 from service.datasets.store import write_json_atomically
 from service.db.models import Collection, CollectionItem, Job
 from service.db.rows import load_row
@@ -57,6 +58,17 @@ def network_policy(ctx: AppContext, destinations: list[str]) -> NetworkPolicy | 
     return NetworkPolicy(tuple(parse_destination(d) for d in destinations), allowed)
 
 
+def require_terminal_sandbox(bwrap: str, sandbox_uid: int, network: bool = False) -> Sandbox:
+    """The sandbox `terminal` runs in; where none can be made, 409 SANDBOX_UNAVAILABLE (the wing's reason)."""
+    try:
+        return require_sandbox(bwrap, sandbox_uid, network)
+    except sandbox_errors.NetworkUnavailable as error:
+        raise SandboxUnavailable(str(error), {"tool": "terminal"}) from None
+    except sandbox_errors.SandboxUnavailable as error:
+        message = f"the terminal tool needs a sandbox and none can be made here: {error}"
+        raise SandboxUnavailable(message, {"tool": "terminal"}) from None
+
+
 def collection_dir(ctx: AppContext, collection_id: str) -> Path:
     return ctx.settings.data_path / "collections" / collection_id
 
@@ -71,7 +83,7 @@ def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> Coll
                 {"destination": str(destination), "reason": reason},
             )
     if "terminal" in request.tools:  # never run unsandboxed: refused before anything is stored
-        require_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid, network=bool(request.network))
+        require_terminal_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid, network=bool(request.network))
     collection_id = "col" + uuid.uuid4().hex[:13]
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)

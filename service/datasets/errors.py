@@ -19,6 +19,12 @@ class CollectionNotFound(NotFound):
     subject, id_field = "collection", "collection_id"
 
 
+class SandboxUnavailable(Conflict):
+    """`terminal` was asked for where no sandbox can be made; it never runs unsandboxed."""
+
+    code = "SANDBOX_UNAVAILABLE"
+
+
 class InvalidRecords(ValidationFailed):
     """Some items of an upload could not be read or converted; `details.errors` lists them by line."""
 

@@ -80,7 +80,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            principal = identify(self.ctx, _header(scope, b"authorization"))
+            principal = identify(self.ctx.settings, self.ctx.tokens, _header(scope, b"authorization"))
             remember_in_scope(scope, principal)
             if scope.get("method") == "POST":
                 body = await _read_body(receive)
@@ -111,7 +111,11 @@ class McpEndpoint:
     def _principal(self, request: Any) -> Principal:
         """The caller, identified again from the HTTP request the MCP message came in (checked in __call__)."""
         http_request = getattr(request, "request", None)
-        return identify(self.ctx, http_request.headers.get("authorization") if http_request is not None else None)
+        return identify(
+            self.ctx.settings,
+            self.ctx.tokens,
+            http_request.headers.get("authorization") if http_request is not None else None,
+        )
 
     async def _list_tools(self, request: Any, _params: Any) -> types.ListToolsResult:
         tools = service.visible_tools(self._principal(request))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.collections.tools import TOOL_NAMES, Toolbox
+from service.collections.agent_tools import TOOL_NAMES, Toolbox
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def call(toolbox: Toolbox, name: str, **arguments: object) -> dict:
 def test_files_stay_inside_the_sandbox(toolbox: Toolbox, tmp_path: Path) -> None:
     assert call(toolbox, "write_file", path="notes/a.txt", content="hello")["written_bytes"] == 5
     assert call(toolbox, "read_file", path="notes/../notes/a.txt") == {"content": "hello", "truncated": False}
-    (toolbox.sandbox / "link").symlink_to(tmp_path / "outside.txt")
+    (toolbox.workdir.root / "link").symlink_to(tmp_path / "outside.txt")
     for path in ("../outside.txt", str(tmp_path / "outside.txt"), "link", "/etc/passwd"):
         assert "outside the working directory" in call(toolbox, "read_file", path=path)["error"], path
     assert "outside" in call(toolbox, "write_file", path="../escape.txt", content="x")["error"]
@@ -39,7 +39,7 @@ def test_bad_calls_are_results_with_an_error(toolbox: Toolbox) -> None:
     assert "unknown argument" in call(toolbox, "terminal", command="ls", shell="zsh")["error"]
     assert "bad arguments" in call(toolbox, "write_file", path="a.txt")["error"]
     assert "arguments must be a JSON object" in json.loads(toolbox.call("terminal", "ls"))["error"]
-    limited = Toolbox(["read_file"], toolbox.sandbox, 1.0, 100)
+    limited = Toolbox(["read_file"], toolbox.workdir.root, 1.0, 100)
     assert [s["function"]["name"] for s in limited.schemas()] == ["read_file"]
     assert "unknown tool" in json.loads(limited.call("terminal", {"command": "ls"}))["error"]
     assert "never runs unsandboxed" in call(toolbox, "terminal", command="ls")["error"]

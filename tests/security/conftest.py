@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from service.collections.sandbox import Sandbox, find_sandbox
+from sandbox.bubblewrap import Sandbox, find_sandbox
 from service.settings import Settings
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sandbox.bubblewrap import Sandbox
 from service.collections.agent import MAX_REPLY_CHARS, MAX_RESPONSE_BYTES
-from service.collections.sandbox import Sandbox
 from service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.live import live_service

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from service.collections.sandbox import Sandbox, SandboxUnavailable, find_sandbox, require_sandbox
-from service.collections.tools import TOOL_NAMES, Toolbox
+from sandbox import errors as sandbox_errors
+from sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
+from service.collections.agent_tools import TOOL_NAMES, Toolbox
+from service.collections.service import require_terminal_sandbox
+from service.datasets.errors import SandboxUnavailable
 from tests.support.reaper import processes_named
 from tests.support.waiting import wait_until
 
@@ -33,7 +36,7 @@ def toolbox(tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
     work = tmp_path / "work"
     work.mkdir()
-    yield Toolbox(list(TOOL_NAMES), work, timeout_s=5.0, output_limit=4000, runner=sandbox)
+    yield Toolbox(list(TOOL_NAMES), work, timeout_s=5.0, output_limit=4000, sandbox=sandbox)
 
 
 def call(toolbox: Toolbox, name: str, **arguments: object) -> dict:
@@ -64,7 +67,7 @@ def test_only_the_work_directory_is_writable(toolbox: Toolbox) -> None:
     result = run(toolbox, "touch /usr/x /etc/x /x 2>&1; echo made > here.txt; pwd; id -u")
     assert result["output"].count("Read-only file system") + result["output"].count("Permission denied") >= 3
     assert not Path("/usr/x").exists() and not Path("/x").exists()
-    assert (toolbox.sandbox / "here.txt").read_text() == "made\n"
+    assert (toolbox.workdir.root / "here.txt").read_text() == "made\n"
     assert result["output"].splitlines()[-2:] == ["/work", "1000"]
 
 
@@ -104,7 +107,7 @@ def test_links_made_in_the_sandbox_cannot_make_the_file_tools_escape(toolbox: To
     linked = run(toolbox, f"ln {outside} hard.txt 2>&1; ln -s {outside} soft.txt; ln -s / root; mkfifo pipe")
     assert "No such file" in linked["output"] or "cannot" in linked["output"]
     # Links made from the host (as a leaked path would let) are refused by the file tools.
-    os.link(outside, toolbox.sandbox / "host-hard.txt")
+    os.link(outside, toolbox.workdir.root / "host-hard.txt")
     for path in ("soft.txt", "root/etc/passwd", "host-hard.txt", "pipe", "../service-file.txt", str(outside)):
         for result in (call(toolbox, "read_file", path=path), call(toolbox, "write_file", path=path, content="x")):
             assert "outside the working directory" in result.get("error", ""), (path, result)
@@ -117,16 +120,32 @@ def test_links_made_in_the_sandbox_cannot_make_the_file_tools_escape(toolbox: To
 def test_file_size_and_output_limits(toolbox: Toolbox) -> None:
     big = run(toolbox, "head -c 100000000 /dev/zero > big.bin; echo exit=$?; ls -l big.bin")
     assert "exit=153" in big["output"] or "File size limit" in big["output"]
-    assert (toolbox.sandbox / "big.bin").stat().st_size <= toolbox.runner.limits.file_bytes  # type: ignore[union-attr]
+    assert (toolbox.workdir.root / "big.bin").stat().st_size <= toolbox.sandbox.limits.file_bytes  # type: ignore[union-attr]
     flood = run(toolbox, "yes 0123456789 | head -c 5000000")
     assert flood["truncated"] and len(flood["output"]) == 4000
 
 
 def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Path) -> None:
     assert isinstance(find_sandbox(str(tmp_path / "no-bwrap"), 65534), str)
-    with pytest.raises(SandboxUnavailable) as refused:
+    with pytest.raises(sandbox_errors.SandboxUnavailable, match="not installed"):
         require_sandbox(str(tmp_path / "no-bwrap"), 65534)
+    with pytest.raises(SandboxUnavailable) as refused:
+        require_terminal_sandbox(str(tmp_path / "no-bwrap"), 65534)
     assert refused.value.status_code == 409 and refused.value.code == "SANDBOX_UNAVAILABLE"
-    unsandboxed = Toolbox(list(TOOL_NAMES), tmp_path, timeout_s=1.0, output_limit=100, runner=None)
+    assert refused.value.message.startswith("the terminal tool needs a sandbox and none can be made here: ")
+    unsandboxed = Toolbox(list(TOOL_NAMES), tmp_path, timeout_s=1.0, output_limit=100, sandbox=None)
     result = json.loads(unsandboxed.call("terminal", {"command": "touch ran"}))
     assert "never runs unsandboxed" in result["error"] and not (tmp_path / "ran").exists()
+
+
+def test_a_sandbox_that_cannot_have_a_network_is_refused_with_the_same_answer(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sandbox.bubblewrap.relay_python", lambda: None)
+    with pytest.raises(sandbox_errors.NetworkUnavailable):
+        require_sandbox(sandbox.bwrap, 65534, network=True)
+    with pytest.raises(SandboxUnavailable) as refused:
+        require_terminal_sandbox(sandbox.bwrap, 65534, network=True)
+    assert refused.value.status_code == 409 and refused.value.code == "SANDBOX_UNAVAILABLE"
+    assert refused.value.message == "the sandbox's network needs a Python interpreter under /usr and there is none"
+    assert refused.value.details == {"tool": "terminal"}

@@ -39,7 +39,7 @@ class CgroupRoot:
     def make(self, limit_bytes: int) -> CallCgroup:
         path = self.path / f"rlctl-call-{uuid.uuid4().hex[:12]}"
         path.mkdir()
-        group = CallCgroup(self.kind, path, limit_bytes)
+        group = CallCgroup(self.kind, path)
         try:
             if self.kind == "cgroup2":
                 (path / "memory.max").write_text(str(limit_bytes))
@@ -59,7 +59,6 @@ class CgroupRoot:
 class CallCgroup:
     kind: str
     path: Path
-    limit_bytes: int
 
     @property
     def procs(self) -> Path:

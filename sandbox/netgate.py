@@ -1,4 +1,4 @@
-"""Network for a sandboxed call, only to the destinations its collection names (docs/SECURITY.md#network).
+"""Network for a sandboxed call, only to the destinations its caller names (docs/SECURITY.md#network).
 
 The sandbox keeps its own empty network namespace (`--unshare-net`: only a loopback of its own). A gate outside
 it, in the service, listens on Unix sockets in a directory bound read-only into the sandbox (`/run/rlctl-net`),
@@ -32,11 +32,14 @@ import re
 import select
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sandbox.errors import DestinationError
 
 IN_SANDBOX_DIR = "/run/rlctl-net"
 PROXY_PORT = 3128
@@ -52,14 +55,6 @@ METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a) for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
 )
 METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data"})
-
-
-class DestinationError(ValueError):
-    """A destination that cannot be named; `code` is stable."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True, order=True)
@@ -123,7 +118,7 @@ def parse_allowed_ranges(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.I
 
 @dataclass(frozen=True)
 class NetworkPolicy:
-    """The destinations of one collection, and the non-public ranges the server lets them reach."""
+    """The destinations a call may reach (a collection's), and the non-public ranges the server lets them reach."""
 
     destinations: tuple[Destination, ...]
     allowed_ranges: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
@@ -497,8 +492,6 @@ while True:
 def relay_python() -> str | None:
     """A Python interpreter the sandbox can run (it sees only /usr): the service's base interpreter, else the
     system's; None where there is none (the network cannot be given then)."""
-    import sys
-
     candidates = [Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"]
     candidates += [Path("/usr/bin/python3"), Path("/usr/local/bin/python3")]
     for candidate in candidates:

@@ -6,15 +6,14 @@ in fresh mount, PID, IPC, UTS, network (and cgroup) namespaces, with only the pa
 
 What a command sees: `/usr` (and the `/bin`, `/lib` links into it) read-only, a private `/proc` of its own PID
 namespace, a minimal `/dev`, an empty `/tmp`, and its work directory as `/work`, the only writable path. No
-network (only a loopback of its own) unless its collection names destinations (service/collections/netgate.py),
-no environment variable of the service (`--clearenv`; PATH, HOME, LANG and TERM are set), none of its files,
-database or processes. It runs as an unprivileged user inside a user namespace of its own that cannot make
-another (`--disable-userns`), with no capability, under a seccomp filter (service/collections/seccomp.py),
-under process, address-space, CPU-time, file-size and open-file limits (`prlimit`): a process limit counted
-inside that namespace, so a fork bomb stops at `processes` and other items are not affected, and under a memory
-cgroup of its own where the service may make one (service/collections/memcap.py). `--die-with-parent` and the
-PID namespace make the end of a call the end of every process it started: when the command's first process
-ends or is killed, the kernel kills the rest of the namespace.
+network (only a loopback of its own) unless its caller names destinations (netgate.py), no environment variable
+of the service (`--clearenv`; PATH, HOME, LANG and TERM are set), none of its files, database or processes. It
+runs as an unprivileged user inside a user namespace of its own that cannot make another (`--disable-userns`),
+with no capability, under a seccomp filter (seccomp.py), under process, address-space, CPU-time, file-size and
+open-file limits (`prlimit`): a process limit counted inside that namespace, so a fork bomb stops at `processes`
+and other calls are not affected, and under a memory cgroup of its own where the service may make one
+(memcap.py). `--die-with-parent` and the PID namespace make the end of a call the end of every process it
+started: when the command's first process ends or is killed, the kernel kills the rest of the namespace.
 
 When the service runs as root, the sandbox's bwrap is still started as an unprivileged user (`sandbox_uid`, by
 `setpriv`, with no capability and `no_new_privs`), so that it works exactly as for any other user: a user
@@ -35,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from service.collections.memcap import CallCgroup, CgroupRoot, find_cgroup_root
-from service.collections.netgate import RELAY, Gate, NetworkPolicy, relay_python
-from service.collections.seccomp import build_filter, native_arch
-from service.errors import Conflict
+from sandbox.errors import NetworkUnavailable, SandboxUnavailable
+from sandbox.memcap import CallCgroup, CgroupRoot, find_cgroup_root
+from sandbox.netgate import RELAY, Gate, NetworkPolicy, relay_python
+from sandbox.seccomp import build_filter, native_arch
+from sandbox.workdir import WorkDir
 
 WORKDIR = "/work"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -63,12 +63,6 @@ class SandboxLimits:
 LIMITS = SandboxLimits()
 
 
-class SandboxUnavailable(Conflict):
-    """`terminal` was asked for where no sandbox can be made; it never runs unsandboxed."""
-
-    code = "SANDBOX_UNAVAILABLE"
-
-
 @dataclass(frozen=True)
 class Sandbox:
     bwrap: str  # the resolved path of the bwrap program
@@ -86,6 +80,12 @@ class Sandbox:
         """Makes the work directory the sandbox user's (when the service is root, it writes as another user)."""
         if self.drop_to_uid is not None:
             os.chown(workdir, self.drop_to_uid, self.drop_to_uid)
+
+    def workdir(self, root: Path) -> WorkDir:
+        """The work directory `root` of calls, made the sandbox user's, with the disk limit."""
+        workdir = WorkDir(root, self.limits.disk_bytes, self.drop_to_uid)
+        self.prepare(workdir.root)
+        return workdir
 
     def start(self, workdir: Path, command: str, network: NetworkPolicy | None = None) -> SandboxCall:
         """The command started in the sandbox (see SandboxCall); `network`: the destinations it may reach."""
@@ -107,7 +107,7 @@ class Sandbox:
         if gate is not None:
             python = relay_python()
             if python is None:
-                raise SandboxUnavailable("no Python interpreter under /usr for the sandbox's network relay")
+                raise NetworkUnavailable("no Python interpreter under /usr for the sandbox's network relay")
             inner += [python, "-I", "-S", "-c", RELAY, gate.relay_spec()]
         variables = {"PATH": SANDBOX_PATH, "HOME": WORKDIR, "LANG": "C.UTF-8", "TERM": "dumb"}
         variables |= gate.environment() if gate else {}
@@ -185,7 +185,6 @@ class SandboxCall:
     memory cgroup and its network gate, all ended by `close` (or leaving the `with` block)."""
 
     def __init__(self, sandbox: Sandbox, workdir: Path, command: str, network: NetworkPolicy | None) -> None:
-        self.sandbox = sandbox
         self.group: CallCgroup | None = None
         self.gate: Gate | None = None
         self._closed = False
@@ -271,15 +270,13 @@ def find_sandbox(bwrap: str, sandbox_uid: int) -> Sandbox | str:
 
 
 def require_sandbox(bwrap: str, sandbox_uid: int, network: bool = False) -> Sandbox:
+    """The sandbox (see find_sandbox), able to have a network if `network`; raises SandboxUnavailable (the reason
+    none can be made) or NetworkUnavailable."""
     found = find_sandbox(bwrap, sandbox_uid)
     if isinstance(found, str):
-        raise SandboxUnavailable(
-            f"the terminal tool needs a sandbox and none can be made here: {found}", {"tool": "terminal"}
-        )
+        raise SandboxUnavailable(found)
     if network and relay_python() is None:
-        raise SandboxUnavailable(
-            "the sandbox's network needs a Python interpreter under /usr and there is none", {"tool": "terminal"}
-        )
+        raise NetworkUnavailable("the sandbox's network needs a Python interpreter under /usr and there is none")
     return found
 
 
