@@ -24,6 +24,7 @@ COPY supervisor ./supervisor
 COPY sandbox ./sandbox
 COPY trainer ./trainer
 COPY trajectories ./trajectories
+COPY judging ./judging
 COPY environments ./environments
 COPY migrations ./migrations
 # Editable: the service finds environments/ and migrations/ beside its package, as in a checkout.

@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from service.cli import build_parser, cmd_db_upgrade, cmd_serve
 from service.settings import SECRET_ENV_NAMES, Settings
+from tests.architecture.layers import WINGS
 from tests.ops.deployfiles import (
     REPO_ROOT,
     container_environment,
@@ -29,8 +30,9 @@ from tests.ops.deployfiles import (
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
-# What the service reads from beside its packages at run time (environments, migrations) and its packages.
-RUNTIME_TREES = {"service", "supervisor", "sandbox", "trainer", "environments", "migrations", "pyproject.toml"}
+# The service's packages and what it reads beside them at run time: every wing of the import rules
+# (environments and migrations among them), and the project file.
+RUNTIME_TREES = {*WINGS, "pyproject.toml"}
 # Variables of other programs that these files may set (Python's, PostgreSQL's image, the tinker SDK's).
 FOREIGN_VARIABLES = {"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TINKER_BASE_URL"}
 POSTGRES_IMAGE_VARIABLES = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
