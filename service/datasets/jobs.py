@@ -11,12 +11,10 @@ from __future__ import annotations
 import heapq
 import json
 import os
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from service.context import AppContext
 from service.datasets import env_scorer
@@ -29,6 +27,7 @@ from service.datasets.store import iter_lines, iter_lines_with_offsets, read_lin
 from service.datasets.summary_client import OpenAICompatibleSummarizer
 from service.datasets.tokenizers import LockedCounter, MemoCounter, load_counter
 from service.errors import NotFound
+from service.jobs.passes import NO_PROGRESS, Progress, ordered_map
 from service.jobs.runner import JobFailed, JobHandle, JobKind
 from trajectories.compression import CompressionConfig, CompressionStats, compress_record
 from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
@@ -39,7 +38,6 @@ from trajectories.rewards import CorrectnessReward, DecidedReward, Unscored, Wei
 from trajectories.summarizers import ExtractiveSummarizer, Summarizer
 
 T = TypeVar("T")
-R = TypeVar("R")
 MAX_REPORTED_ISSUES = 100
 SORT_RUN_ENTRIES = 200_000  # (key, offset) pairs sorted in memory before spilling to disk (~20 MB)
 
@@ -225,24 +223,6 @@ def _summarizer(ctx: AppContext, choice: str) -> tuple[Summarizer, int]:
     return summarizer, settings.summary_concurrency
 
 
-def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) -> Generator[R, None, None]:
-    """`map` over a thread pool with at most 2 × workers items in flight, results in input order."""
-    if workers <= 1:
-        yield from map(function, items)
-        return
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dataset-op")
-    pending: deque[Future[R]] = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(function, item))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 # --- score ---
 
 
@@ -424,25 +404,6 @@ def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any
         "issue_examples": examples,
         "download": f"/datasets/{dataset_id}/exports/{export_id}",
     }
-
-
-class Progress(Protocol):
-    """What a long pass reports to: a job's handle, or nothing (`NO_PROGRESS`) when a request waits on it."""
-
-    def progress(self, done: int, total: int | None = None, force: bool = False) -> None: ...
-
-    def check_cancelled(self) -> None: ...
-
-
-class _NoProgress:
-    def progress(self, done: int, total: int | None = None, force: bool = False) -> None:
-        """Nobody watches."""
-
-    def check_cancelled(self) -> None:
-        """Nothing cancels."""
-
-
-NO_PROGRESS: Progress = _NoProgress()
 
 
 def sorted_group_keys(

@@ -20,10 +20,11 @@ from judging.groups import Decided, judge_fresh_group, weighted_scores
 from service.children import service_child_environment
 from service.context import AppContext
 from service.datasets import env_scorer
-from service.datasets.jobs import NO_PROGRESS, Progress, environment_scorers, ordered_map, with_answer_field
+from service.datasets.jobs import environment_scorers, with_answer_field
 from service.datasets.judge_client import make_judge
 from service.evaluations import stats
 from service.evaluations.service import BASE, KIND
+from service.jobs.passes import NO_PROGRESS, Progress, ordered_map
 from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from service.runs import datasets as dataset_runs
 from service.runs.launch import tinker_environment
