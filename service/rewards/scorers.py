@@ -125,9 +125,12 @@ class ChildScorer:
         if line is None:
             raise ScorerFailed(f"the scorer process exited: {self._stderr_tail()}")
         try:
-            return json.loads(line)
+            answer = json.loads(line)
         except ValueError:
+            answer = None
+        if not isinstance(answer, dict):  # the child writes objects only: anything else is not its answer
             return {"error": f"unreadable answer {line[:200]!r}"}
+        return answer
 
     def _stderr_tail(self) -> str:
         try:
