@@ -45,20 +45,10 @@ class UnknownTokenizer(NotFound):
     code = "TOKENIZER_NOT_FOUND"
 
 
-class UnknownReward(NotFound):
-    code = "REWARD_NOT_FOUND"
-
-
 class SummarizerNotConfigured(Conflict):
     """A model summary was asked for, but the server has no summariser endpoint configured."""
 
     code = "SUMMARIZER_NOT_CONFIGURED"
-
-
-class JudgeNotConfigured(Conflict):
-    """The `judge` reward was asked for, but the server has no judge endpoint configured."""
-
-    code = "JUDGE_NOT_CONFIGURED"
 
 
 class DatasetBusy(Conflict):

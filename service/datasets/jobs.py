@@ -8,41 +8,37 @@ starts again from the first record. Nothing partial is ever visible.
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from service.context import AppContext
-from service.datasets import env_scorer
 from service.datasets.builder import DatasetBuilder, insert_dataset_row
-from service.datasets.group_rewards import GroupRewards
-from service.datasets.judge_client import make_judge
 from service.datasets.schemas import DatasetOut, DerivedDatasetResult
 from service.datasets.service import dataset_stats, dataset_store, get_dataset, summary_endpoint
-from service.datasets.store import iter_lines, iter_lines_with_offsets, read_line_at
+from service.datasets.store import iter_lines
 from service.datasets.summary_client import OpenAICompatibleSummarizer
 from service.datasets.tokenizers import LockedCounter, MemoCounter, load_counter
-from service.environments.catalog import EnvironmentCatalog
 from service.errors import NotFound
+from service.jobs.passes import ordered_map
 from service.jobs.runner import JobFailed, JobHandle, JobKind
+from service.rewards.group_rewards import GroupRewards
+from service.rewards.grouping import record_at, records_with_offsets, sorted_group_keys
+from service.rewards.judge import make_judge
+from service.rewards.scorers import ScorerFailed, environment_scorers
+from service.rewards.service import plain_rewards
 from trajectories.compression import CompressionConfig, CompressionStats, compress_record
 from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
-from trajectories.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
+from trajectories.grpo import NO_PROMPT, GroupIssue, GrpoExportStats, GrpoGroup, grpo_groups
 from trajectories.judge import GROUP_REWARDS, JUDGE_REWARD
 from trajectories.records import TrajectoryRecord, record_from_dict
-from trajectories.rewards import CorrectnessReward, DecidedReward, Unscored, WeightedReward, build_rewards, scored
+from trajectories.rewards import DecidedReward, Unscored, WeightedReward, scored
 from trajectories.summarizers import ExtractiveSummarizer, Summarizer
 
 T = TypeVar("T")
-R = TypeVar("R")
 MAX_REPORTED_ISSUES = 100
-SORT_RUN_ENTRIES = 200_000  # (key, offset) pairs sorted in memory before spilling to disk (~20 MB)
 
 
 def job_kinds() -> tuple[JobKind, ...]:
@@ -226,24 +222,6 @@ def _summarizer(ctx: AppContext, choice: str) -> tuple[Summarizer, int]:
     return summarizer, settings.summary_concurrency
 
 
-def ordered_map(function: Callable[[T], R], items: Iterable[T], workers: int) -> Generator[R, None, None]:
-    """`map` over a thread pool with at most 2 × workers items in flight, results in input order."""
-    if workers <= 1:
-        yield from map(function, items)
-        return
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dataset-op")
-    pending: deque[Future[R]] = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(function, item))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 # --- score ---
 
 
@@ -258,7 +236,7 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
     scorers = environment_scorers(ctx, plain_spec, answer_field)
     group: GroupRewards | None = None
     try:
-        plain = {w.function.name: with_answer_field(w, answer_field) for w in build_rewards(plain_spec, scorers)}
+        plain = plain_rewards(plain_spec, scorers, answer_field)
         if len(plain) < len(spec):
             group = _group_rewards(ctx, job, spec, plain)
         parent_stats = dataset_stats(ctx, parent.id).stats
@@ -290,14 +268,11 @@ def run_dataset_score(ctx: AppContext, handle: JobHandle) -> DerivedDatasetResul
                 key = f"{outcome.reward}:{outcome.reason}"
                 unscored[key] = unscored.get(key, 0) + 1
                 out.add(replace(record, reward=None, reward_breakdown=None, reward_reasons=None))
-            except env_scorer.ScorerFailed as error:
+            except ScorerFailed as error:
                 raise JobFailed(str(error)) from None
 
-        records_path = dataset_store(ctx).files(parent.id).records
-        offsets = (
-            (offset, record_from_dict(json.loads(line))) for offset, line in iter_lines_with_offsets(records_path)
-        )
-        job.run(builder, parent.record_count, offsets, accept)
+        records = records_with_offsets(dataset_store(ctx).files(parent.id).records)
+        job.run(builder, parent.record_count, records, accept)
     finally:
         for scorer in scorers.values():
             scorer.close()
@@ -331,45 +306,15 @@ def _group_rewards(
     scratch = store.staging(f"{job.handle.job_id}-groups")
     try:
         records = store.files(params["dataset_id"]).records
-        pairs, _ = sorted_group_keys(records, options.get("group_by"), scratch.directory)
-        workers = ctx.settings.judge_concurrency
-        prepared = (group.prepare(g) for g in group.groups(records, pairs))
-        outcomes = ordered_map(group.decide, prepared, workers)
-        try:
-            for outcome in outcomes:
-                group.accept(outcome)
-                job.handle.check_cancelled()
-        finally:
-            outcomes.close()
+        group.decide_file(
+            records, options.get("group_by"), scratch.directory, ctx.settings.judge_concurrency, job.handle
+        )
     except BaseException:
         group.close()
         raise
     finally:
         store.discard(scratch)
     return group
-
-
-def environment_scorers(
-    ctx: AppContext, spec: list[dict[str, Any]], answer_field: str
-) -> dict[str, env_scorer.ChildScorer]:
-    scorers: dict[str, env_scorer.ChildScorer] = {}
-    try:
-        for entry in spec:
-            name = entry["name"]
-            if env_scorer.has_scorer(ctx, name):
-                path = EnvironmentCatalog.of(ctx).get(name).file_path
-                scorers[name] = env_scorer.ChildScorer(ctx.children, path, answer_field, ctx.settings.schema_timeout_s)
-    except env_scorer.ScorerFailed as error:
-        for scorer in scorers.values():
-            scorer.close()
-        raise JobFailed(str(error)) from None
-    return scorers
-
-
-def with_answer_field(reward: WeightedReward, answer_field: str) -> WeightedReward:
-    if isinstance(reward.function, CorrectnessReward):
-        return WeightedReward(CorrectnessReward(answer_key=answer_field), reward.weight)
-    return reward
 
 
 # --- GRPO export ---
@@ -395,7 +340,7 @@ def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any
             stats.add(issue)
             examples.append(_issue_dict(issue))
         with files.records.open("rb") as records, staging.open("w", encoding="utf-8") as out:
-            keyed = ((key, record_from_dict(json.loads(read_line_at(records, offset)))) for key, offset in sorted_pairs)
+            keyed = ((key, record_at(records, offset)) for key, offset in sorted_pairs)
             outcomes = grpo_groups(
                 keyed,
                 metadata_key=params.get("group_by"),
@@ -425,62 +370,6 @@ def run_dataset_export_grpo(ctx: AppContext, handle: JobHandle) -> dict[str, Any
         "issue_examples": examples,
         "download": f"/datasets/{dataset_id}/exports/{export_id}",
     }
-
-
-class Progress(Protocol):
-    """What a long pass reports to: a job's handle, or nothing (`NO_PROGRESS`) when a request waits on it."""
-
-    def progress(self, done: int, total: int | None = None, force: bool = False) -> None: ...
-
-    def check_cancelled(self) -> None: ...
-
-
-class _NoProgress:
-    def progress(self, done: int, total: int | None = None, force: bool = False) -> None:
-        """Nobody watches."""
-
-    def check_cancelled(self) -> None:
-        """Nothing cancels."""
-
-
-NO_PROGRESS: Progress = _NoProgress()
-
-
-def sorted_group_keys(
-    records: Path, group_by: str | None, scratch: Path, handle: Progress = NO_PROGRESS
-) -> tuple[Iterator[tuple[str, int]], int]:
-    """(group key, byte offset) of every record, sorted by key through runs spilled to disk; and the count of
-    records without a prompt."""
-    runs: list[Path] = []
-    buffer: list[tuple[str, int]] = []
-    unkeyed = 0
-    for done, (offset, line) in enumerate(iter_lines_with_offsets(records), start=1):
-        key = group_key(record_from_dict(json.loads(line)), group_by)
-        if key is None:
-            unkeyed += 1
-        else:
-            buffer.append((key, offset))
-        if len(buffer) >= SORT_RUN_ENTRIES:
-            runs.append(_spill(sorted(buffer), scratch, len(runs)))
-            buffer = []
-        handle.progress(done // 2)  # sorting is about half the work
-        handle.check_cancelled()
-    buffer.sort()
-    return heapq.merge(*(_read_run(path) for path in runs), iter(buffer)), unkeyed
-
-
-def _spill(pairs: list[tuple[str, int]], scratch: Path, number: int) -> Path:
-    path = scratch / f"run-{number}.tsv"
-    with path.open("w", encoding="ascii") as handle:
-        handle.writelines(f"{key}\t{offset}\n" for key, offset in pairs)
-    return path
-
-
-def _read_run(path: Path) -> Iterator[tuple[str, int]]:
-    with path.open(encoding="ascii") as handle:
-        for line in handle:
-            key, _, offset = line.rstrip("\n").partition("\t")
-            yield key, int(offset)
 
 
 def _issue_dict(issue: GroupIssue) -> dict[str, Any]:

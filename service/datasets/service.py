@@ -13,7 +13,6 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 
 from service.context import AppContext
-from service.datasets import env_scorer
 from service.datasets.builder import DatasetBuilder, new_dataset_id
 from service.datasets.errors import (
     DatasetBusy,
@@ -22,11 +21,8 @@ from service.datasets.errors import (
     ExportNotFound,
     InvalidEncoding,
     InvalidRecords,
-    JudgeNotConfigured,
     SummarizerNotConfigured,
-    UnknownReward,
 )
-from service.datasets.judge_client import judge_endpoint
 from service.datasets.schemas import (
     CompressRequest,
     DatasetList,
@@ -38,7 +34,6 @@ from service.datasets.schemas import (
     MetricsPage,
     Operation,
     RecordsPage,
-    RewardSpec,
     ScoreRequest,
     TrainedRun,
     UploadOptions,
@@ -54,11 +49,13 @@ from service.jobs.schemas import JobOut
 from service.jobs.service import get_job
 from service.names import validate_name
 from service.pagination import DEFAULT_PAGE, newest_first_page
+from service.rewards.errors import JudgeNotConfigured
+from service.rewards.judge import judge_endpoint
+from service.rewards.service import check_rewards
 from trajectories.importing import import_item
 from trajectories.judge import GROUP_REWARDS, JUDGE_REWARD
 from trajectories.reading import ItemError, ItemTooLarge
 from trajectories.records import record_from_dict
-from trajectories.rewards import BUILTIN_REWARDS
 from trajectories.stats import record_stats_fields
 
 logger = logging.getLogger("rlctl.datasets")
@@ -293,21 +290,6 @@ def start_scoring(ctx: AppContext, dataset_id: str, request: ScoreRequest) -> Jo
         # Fixed when submitted, so a resumed job asks the same model (and the cache key stays the same).
         params["judge"] = {**(params.get("judge") or {}), "model": (judge and judge.model) or ctx.settings.judge_model}
     return _submit(ctx, "dataset_score", parent, params)
-
-
-def check_rewards(ctx: AppContext, rewards: list[RewardSpec]) -> None:
-    """Each reward once, and each one known: built in, a group reward (judge, completion: every caller scores
-    whole groups, a dataset's, an online run's or an evaluation's), or an environment that offers a scorer."""
-    names = [reward.name for reward in rewards]  # a rule over the items, which a JSON schema cannot state
-    if len(set(names)) != len(names):
-        raise ValidationFailed("each reward function may appear once", {"rewards": names})
-    known = [*BUILTIN_REWARDS, *GROUP_REWARDS]
-    for reward in rewards:
-        if reward.name not in known and not env_scorer.has_scorer(ctx, reward.name):
-            raise UnknownReward(
-                f"unknown reward function {reward.name!r}",
-                {"name": reward.name, "available": [*known, *env_scorer.scorer_environments(ctx)]},
-            )
 
 
 def start_grpo_export(ctx: AppContext, dataset_id: str, request: GrpoExportRequest) -> JobOut:

@@ -181,19 +181,6 @@ def iter_lines(path: Path) -> Iterator[str]:
             yield raw.decode("utf-8").rstrip("\n")
 
 
-def iter_lines_with_offsets(path: Path) -> Iterator[tuple[int, str]]:
-    offset = 0
-    with path.open("rb") as handle:
-        for raw in handle:
-            yield offset, raw.decode("utf-8").rstrip("\n")
-            offset += len(raw)
-
-
-def read_line_at(handle: IO[bytes], offset: int) -> str:
-    handle.seek(offset)
-    return handle.readline().decode("utf-8").rstrip("\n")
-
-
 def iter_file_chunks(path: Path, chunk_size: int = 1 << 20) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(chunk_size):

@@ -19,12 +19,13 @@ from judging.client import CachedJudge
 from judging.groups import Decided, judge_fresh_group, weighted_scores
 from service.children import service_child_environment
 from service.context import AppContext
-from service.datasets import env_scorer
-from service.datasets.jobs import NO_PROGRESS, Progress, environment_scorers, ordered_map, with_answer_field
-from service.datasets.judge_client import make_judge
 from service.evaluations import stats
 from service.evaluations.service import BASE, KIND
+from service.jobs.passes import NO_PROGRESS, Progress, ordered_map
 from service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
+from service.rewards.judge import make_judge
+from service.rewards.scorers import ScorerFailed, environment_scorers
+from service.rewards.service import plain_rewards
 from service.runs import datasets as dataset_runs
 from service.runs.launch import tinker_environment
 from service.runs.paths import RunPaths
@@ -33,7 +34,6 @@ from supervisor.process import ProcessSpec, SupervisedProcess
 from supervisor.run import read_tail
 from trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
 from trajectories.records import TrajectoryRecord
-from trajectories.rewards import build_rewards
 from trajectories.training import record_with_completion
 
 POLL_S = 0.25
@@ -134,7 +134,7 @@ def score_and_compare(
     scorers = environment_scorers(ctx, plain_spec, answer_field)
     judge: CachedJudge | None = None
     try:
-        plain = {w.function.name: with_answer_field(w, answer_field) for w in build_rewards(plain_spec, scorers)}
+        plain = plain_rewards(plain_spec, scorers, answer_field)
         options = params.get("judge") or {}
         if names:
             judge = make_judge(ctx.settings, ctx.db, options.get("model") or ctx.settings.judge_model, ctx.scrub)
@@ -152,7 +152,7 @@ def score_and_compare(
             for (model, index, records), outcome in outcomes:
                 try:
                     scores = weighted_scores(records, spec, plain, outcome)
-                except env_scorer.ScorerFailed as error:
+                except ScorerFailed as error:
                     raise JobFailed(str(error)) from None
                 if scores is None:
                     unscored[model].add(index)

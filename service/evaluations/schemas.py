@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.datasets.schemas import JudgeChoice, RewardSpec
 from service.jobs.schemas import JobProgress
 from service.names import NAME_PATTERN
+from service.rewards.schemas import JudgeChoice, RewardSpec
 from service.runs.schemas import PromptSplit
 from service.states import JobStatus
 

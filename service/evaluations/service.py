@@ -6,16 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from service.context import AppContext
-from service.datasets.errors import JudgeNotConfigured
-from service.datasets.judge_client import judge_endpoint
-from service.datasets.schemas import JudgeChoice, RewardSpec
-from service.datasets.service import check_rewards
 from service.db.models import Run
 from service.db.rows import load_row
 from service.errors import InvalidState, NotFound, RunNotFound, ValidationFailed
 from service.evaluations.schemas import EvaluationJudge, EvaluationOut, EvaluationRequest, ModelResult, PromptResult
 from service.jobs.runner import JobRunner
 from service.jobs.service import get_job
+from service.rewards.errors import JudgeNotConfigured
+from service.rewards.judge import judge_endpoint
+from service.rewards.schemas import JudgeChoice, RewardSpec
+from service.rewards.service import check_rewards
 from service.runs import datasets as dataset_runs
 from service.runs.paths import RunPaths
 from service.runs.service import require_backend

@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from service.context import AppContext
-from service.datasets.errors import DatasetNotFound, JudgeNotConfigured
-from service.datasets.jobs import sorted_group_keys
-from service.datasets.judge_client import judge_endpoint
-from service.datasets.schemas import RewardSpec
-from service.datasets.service import check_rewards, dataset_store
-from service.datasets.store import read_line_at
+from service.datasets.errors import DatasetNotFound
+from service.datasets.service import dataset_store
 from service.db.models import Dataset
 from service.db.rows import load_row
 from service.environments.catalog import EnvironmentCatalog
 from service.errors import ValidationFailed
+from service.rewards.errors import JudgeNotConfigured
+from service.rewards.grouping import record_at, sorted_group_keys
+from service.rewards.judge import judge_endpoint
+from service.rewards.schemas import RewardSpec
+from service.rewards.service import check_rewards
 from service.runs.schemas import DatasetMode, DatasetSource
 from service.settings import BUILTIN_ENVIRONMENTS_DIR
 from trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, grpo_groups
@@ -243,7 +244,7 @@ def _sorted_records(ctx: AppContext, source: DatasetSource) -> Iterator[tuple[st
         pairs, _unkeyed = sorted_group_keys(files.records, source.group_by, scratch.directory)
         with files.records.open("rb") as records:
             for key, offset in pairs:
-                yield key, record_from_dict(json.loads(read_line_at(records, offset)))
+                yield key, record_at(records, offset)
     finally:
         store.discard(scratch)
 

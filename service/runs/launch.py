@@ -11,7 +11,7 @@ import yaml
 
 from judging.client import JUDGE_KEY_ENV
 from service.children import service_child_environment
-from service.datasets.judge_client import judge_endpoint
+from service.rewards.judge import judge_endpoint
 from service.runs.paths import RunPaths
 from service.runs.wandb import WandbMode, wandb_environment
 from service.settings import REPO_ROOT, Settings

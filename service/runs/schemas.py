@@ -8,8 +8,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.datasets.schemas import JudgeChoice, RewardSpec
 from service.names import NAME_PATTERN
+from service.rewards.schemas import JudgeChoice, RewardSpec
 from service.schemas import ErrorBody
 from service.settings import Backend
 from service.states import ProcessStatus, RunStatus

@@ -9,7 +9,6 @@ plus the groups in flight (2 × `RLCTL_JUDGE_CONCURRENCY`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
@@ -17,9 +16,10 @@ from typing import Any
 
 from judging.client import CachedJudge
 from judging.groups import NO_PROMPT, Decided, completion_rule, decide_group, record_outcomes
-from service.datasets.store import read_line_at
+from service.jobs.passes import Progress, ordered_map
+from service.rewards.grouping import record_at, sorted_group_keys
 from trajectories.judge import COMPLETION_REWARD, DEFAULT_RUBRIC, JUDGE_REWARD, Calibration
-from trajectories.records import TrajectoryRecord, record_from_dict
+from trajectories.records import TrajectoryRecord
 from trajectories.rewards import RewardFunction
 
 
@@ -40,25 +40,40 @@ class GroupRewards:
         self.decided: dict[int, Decided] = {}
         self.completion_by = {"rule": 0, "judge": 0}
 
-    def groups(self, records: Path, sorted_pairs: Iterator[tuple[str, int]]) -> Iterator[list[tuple[int, Any]]]:
+    def decide_file(self, records: Path, group_by: str | None, scratch: Path, workers: int, progress: Progress) -> None:
+        """Decides every prompt's group of a records file, `workers` groups at once; `scratch` holds the sort's
+        spilled runs."""
+        pairs, _unkeyed = sorted_group_keys(records, group_by, scratch)
+        prepared = (self._prepare(group) for group in self._groups(records, pairs))
+        outcomes = ordered_map(self._decide, prepared, workers)
+        try:
+            for outcome in outcomes:
+                self._accept(outcome)
+                progress.check_cancelled()
+        finally:
+            outcomes.close()
+
+    def _groups(
+        self, records: Path, sorted_pairs: Iterator[tuple[str, int]]
+    ) -> Iterator[list[tuple[int, TrajectoryRecord]]]:
         """Each prompt's records as (offset, record) pairs, read from the sorted (key, offset) pairs."""
         with records.open("rb") as handle:
             for _, pairs in groupby(sorted_pairs, key=lambda pair: pair[0]):
-                yield [(offset, record_from_dict(json.loads(read_line_at(handle, offset)))) for _, offset in pairs]
+                yield [(offset, record_at(handle, offset)) for _, offset in pairs]
 
-    def prepare(self, group: list[tuple[int, TrajectoryRecord]]) -> dict[str, Any]:
+    def _prepare(self, group: list[tuple[int, TrajectoryRecord]]) -> dict[str, Any]:
         """What a group needs from this thread (a reference reward may be an environment's child process)."""
         known = [float(self.reference[1](record)) for _, record in group] if self.reference else None
         rules = [completion_rule(record) for _, record in group] if COMPLETION_REWARD in self.names else None
         return {"group": group, "known": known, "rules": rules}
 
-    def decide(self, prepared: dict[str, Any]) -> dict[str, Any]:
+    def _decide(self, prepared: dict[str, Any]) -> dict[str, Any]:
         """The judge's calls for one group (run in a worker thread)."""
         records = [record for _, record in prepared["group"]]
         prepared["decision"] = decide_group(self.judge, records, self.names, self.rubric, prepared["rules"])
         return prepared
 
-    def accept(self, decided: dict[str, Any]) -> None:
+    def _accept(self, decided: dict[str, Any]) -> None:
         """Records a group's outcome (in this thread), and adds it to the calibration."""
         group: list[tuple[int, TrajectoryRecord]] = decided["group"]
         decision = decided["decision"]

@@ -3,7 +3,7 @@ environment code: docs/ENVIRONMENTS.md#scorers).
 
 An environment file offers a scorer when it defines a top-level `score_completion(completion, gold)`; it may also
 define `gold_answer(solution)` (e.g. GSM8K's "#### N") and `normalize_number(text)` to turn a record's expected
-answer into the form `score_completion` compares with. The child (`python -m service.datasets.scorer_child FILE`)
+answer into the form `score_completion` compares with. The child (`python -m service.rewards.scorer_child FILE`)
 answers one JSON line per record; it runs with the secrets removed from its environment.
 """
 
@@ -22,6 +22,7 @@ from service.children import ChildRunner
 from service.context import AppContext
 from service.environments.catalog import EnvironmentCatalog, child_process_environment
 from service.errors import NotFound
+from service.jobs.runner import JobFailed
 from service.pysource import parse_module
 from service.settings import REPO_ROOT, SECRET_ENV_NAMES
 from trajectories.records import TrajectoryRecord
@@ -32,6 +33,23 @@ RECORD_TIMEOUT_S = 30.0
 
 class ScorerFailed(RuntimeError):
     """The child could not start, answered an error, or did not answer in time."""
+
+
+def environment_scorers(ctx: AppContext, spec: list[dict[str, Any]], answer_field: str) -> dict[str, ChildScorer]:
+    """A started scorer for each reward of `spec` that names an environment with one; a job fails when one cannot
+    start. The caller closes them."""
+    scorers: dict[str, ChildScorer] = {}
+    try:
+        for entry in spec:
+            name = entry["name"]
+            if has_scorer(ctx, name):
+                path = EnvironmentCatalog.of(ctx).get(name).file_path
+                scorers[name] = ChildScorer(ctx.children, path, answer_field, ctx.settings.schema_timeout_s)
+    except ScorerFailed as error:
+        for scorer in scorers.values():
+            scorer.close()
+        raise JobFailed(str(error)) from None
+    return scorers
 
 
 def scorer_environments(ctx: AppContext) -> list[str]:
@@ -62,7 +80,7 @@ class ChildScorer:
         self.answer_field = answer_field
         try:  # forked from the fork server where it can: the environment's imports are mostly done there
             self._child = children.open(
-                [sys.executable, "-m", "service.datasets.scorer_child", str(file_path)],
+                [sys.executable, "-m", "service.rewards.scorer_child", str(file_path)],
                 env=child_process_environment(set(SECRET_ENV_NAMES)),
                 cwd=REPO_ROOT,
             )
@@ -107,9 +125,12 @@ class ChildScorer:
         if line is None:
             raise ScorerFailed(f"the scorer process exited: {self._stderr_tail()}")
         try:
-            return json.loads(line)
+            answer = json.loads(line)
         except ValueError:
+            answer = None
+        if not isinstance(answer, dict):  # the child writes objects only: anything else is not its answer
             return {"error": f"unreadable answer {line[:200]!r}"}
+        return answer
 
     def _stderr_tail(self) -> str:
         try:

@@ -1,5 +1,6 @@
-"""The judge of dataset scoring: where it is (settings) and its cache by content in the database. The client, the
-cache logic and the group decision are `judging/`'s, shared with the online dataset environment."""
+"""The judge of the group rewards (dataset scoring, evaluations, an online dataset run): where it is (settings) and
+its cache by content in the database. The client, the cache logic and the group decision are `judging/`'s, shared
+with the online dataset environment."""
 
 from __future__ import annotations
 
