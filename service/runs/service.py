@@ -14,14 +14,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, bindparam, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    func,
+    null,
+    or_,
+    select,
+    type_coerce,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 
 from service.context import AppContext
+from service.db.json_sql import json_array_agg, json_object, json_value
 from service.db.models import Run, RunProcess
+from service.db.plans import Read, ReadPlan, run_plan_on
 from service.db.rows import load_row
-from service.db.types import utcnow
+from service.db.types import utc_value, utcnow
 from service.environments import service as environments
 from service.errors import (
     BackendUnavailable,
@@ -31,13 +46,14 @@ from service.errors import (
     RunNotFound,
     ValidationFailed,
 )
+from service.names import validate_name
 from service.observability import actor_var
 from service.pagination import (
     DEFAULT_PAGE,
     decode_cursor,
+    encode_cursor,
     newest_first_statement,
     page_parameters,
-    split_page,
 )
 from service.runs import admission, lifecycle, metrics, ratelimit
 from service.runs import config as run_config
@@ -75,9 +91,21 @@ LIVE_STATUS = {
     Liveness.UNKNOWN: ProcessStatus.UNKNOWN,
 }
 RUN_COLUMNS = Run.__table__.c
-# A listed run's columns: RunSummary's fields but its queue place (a run's config, kilobytes of JSON, is not one).
-SUMMARY_KEYS = tuple(key for key in RunSummary.model_fields if key != "queue_position")
-SUMMARY_COLUMNS = tuple(RUN_COLUMNS[key] for key in SUMMARY_KEYS)
+PROCESS_KEYS = tuple(ProcessOut.model_fields)
+PROCESS_COLUMNS = RunProcess.__table__.c
+
+
+# A run's record (GET /runs/{id}), built once, the run id a bound parameter: one row, the run's columns and its
+# processes (ProcessOut's fields) as one JSON array. A join would repeat the run's columns per process, and the
+# driver would decode its JSON columns, the config's kilobytes among them, once per process.
+_PROCESSES_JSON = (
+    select(json_array_agg({key: json_value(PROCESS_COLUMNS[key]) for key in ("id", *PROCESS_KEYS)}))
+    .where(PROCESS_COLUMNS.run_id == RUN_COLUMNS.id)
+    .scalar_subquery()
+)
+_RUN_RECORD = select(Run.__table__, _PROCESSES_JSON.label("processes_json")).where(
+    RUN_COLUMNS.id == bindparam("run_id")
+)
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -245,15 +273,35 @@ def _run_by_idempotency_key(ctx: AppContext, key: str, request_hash: str) -> Run
 
 
 def get_run(ctx: AppContext, run_id: str) -> RunOut:
-    """A run's record (GET /runs/{id}): the run, its processes, and its place when it is queued."""
-    with ctx.db.read() as session:
-        run = load_row(session, Run, run_id, RunNotFound)
-        return run_record(ctx, run, _queue_position(session, run))
+    return ctx.db.run_plan(run_record_plan(ctx, run_id))
 
 
-def _queue_position(session: Session, run: Run) -> int | None:
+def run_record_plan(ctx: AppContext, run_id: str) -> ReadPlan[RunOut]:
+    """GET /runs/{id}: the run and its processes in one statement, its queue place in a second when queued."""
+    validate_name(run_id, f"{RunNotFound.subject} id")
+    rows = yield Read(_RUN_RECORD, {"run_id": run_id})
+    if not rows:
+        raise RunNotFound.for_id(run_id)
+    run = rows[0]
+    queue_position = yield from _queue_position_plan(run)
+    return _run_out(ctx, run, _processes_in_order(run.processes_json), queue_position)
+
+
+def _processes_in_order(processes_json: str | None) -> list[dict[str, Any]]:
+    """`_PROCESSES_JSON`'s processes in the order they were recorded (an aggregate keeps none), without ids."""
+    processes = sorted(json.loads(processes_json or "[]"), key=lambda process: process["id"])
+    return [{key: process[key] for key in PROCESS_KEYS} for process in processes]
+
+
+def _queue_position(session: Session | Connection, run: Run | Row[Any]) -> int | None:
+    return run_plan_on(session, _queue_position_plan(run))
+
+
+def _queue_position_plan(run: Run | Row[Any]) -> ReadPlan[int | None]:
     """A queued run's place; no second query for a run in any other state."""
-    return admission.queue_positions(session, [run.id]).get(run.id) if run.status == lifecycle.QUEUED else None
+    if run.status != lifecycle.QUEUED:
+        return None
+    return (yield from admission.queue_positions_plan([run.id])).get(run.id)
 
 
 def list_runs(
@@ -264,44 +312,83 @@ def list_runs(
     cursor: str | None = None,
     dataset_id: str | None = None,
 ) -> RunList:
-    """A page of runs (GET /runs), newest first; with `status=queued`, the queue in the order it is admitted."""
+    """A page of runs (for the agent tools): the JSON page the route sends, read back into its model."""
+    page = ctx.db.run_plan(list_runs_plan(status, environment, limit, cursor, dataset_id))
+    return RunList.model_validate_json(page)
+
+
+def list_runs_plan(
+    status: RunStatus | None = None,
+    environment: str | None = None,
+    limit: int = DEFAULT_PAGE,
+    cursor: str | None = None,
+    dataset_id: str | None = None,
+) -> ReadPlan[bytes]:
+    """GET /runs' body: a RunList as JSON, each run's object written by the database (`_summary_json_columns`).
+    Newest first, or with `status=queued` the queue in the order it is admitted."""
     given = (("status", status), ("environment", environment), ("dataset_id", dataset_id))
     filters = {name: value for name, value in given if value}
-    with ctx.db.read() as session:
-        if status == lifecycle.QUEUED:
-            rows, next_cursor = _queue_page(session, filters, limit, cursor)
-        else:
-            statement = _list_statement(tuple(filters), bool(cursor))
-            rows, next_cursor = split_page(
-                session.execute(statement, page_parameters(limit, cursor) | filters).all(), limit
-            )
-        # Each row read by position: a name looked up on a Row costs more than the value's conversion.
-        records = [dict(zip(SUMMARY_KEYS, row, strict=True)) for row in rows]
-        queued = [record["id"] for record in records if record["status"] == lifecycle.QUEUED]
-        positions = admission.queue_positions(session, queued)  # (no query when none is queued)
-    for record in records:
-        record["queue_position"] = positions.get(record["id"])
-    # One validation of the whole page, from plain dicts; the route's response model takes this instance as it is.
-    return RunList.model_validate({"runs": records, "count": len(records), "next_cursor": next_cursor})
+    if status == lifecycle.QUEUED:
+        rows = yield from _queue_rows_plan(filters, limit, cursor)
+    else:
+        statement = _list_statement(tuple(filters), bool(cursor))
+        rows = yield Read(statement, page_parameters(limit, cursor) | filters)
+    # Each row read once, by position (`_summary_json_columns`' order): a name looked up on SQLAlchemy's Row costs
+    # about 0.3 us, and three a row were a fifth of a page's own time on SQLite.
+    page = [tuple(row) for row in rows[:limit]]
+    # (no query at all when the page has no queued run)
+    queued = [run_id for _, _, run_id, status in page if status == lifecycle.QUEUED]
+    positions = yield from admission.queue_positions_plan(queued)
+    next_cursor = None
+    if len(rows) > limit:
+        _, created_at, last_id, _ = page[-1]
+        next_cursor = encode_cursor(utc_value(created_at), last_id)
+    summaries = ",".join(_placed(summary, positions.get(run_id)) for summary, _, run_id, _ in page)
+    return f'{{"runs":[{summaries}],"count":{len(page)},"next_cursor":{json.dumps(next_cursor)}}}'.encode()
+
+
+def _placed(summary: str, queue_position: int | None) -> str:
+    """A run's summary, with its place in the queue when it is queued (the database writes null there)."""
+    if queue_position is None:
+        return summary
+    return json.dumps(json.loads(summary) | {"queue_position": queue_position}, separators=(",", ":"))
+
+
+def _summary_json_columns() -> tuple[Any, ...]:
+    """A listing's columns: the run's summary as RunSummary's JSON, written by the database from the summary's
+    columns alone (never the config: kilobytes of JSON per run; total_steps is the column copied from it at
+    insert), then the raw values the page needs itself (its cursor, the queued runs' places), selected without
+    their types so that the driver's values come as they are. list_runs_plan reads them by position."""
+    fields = {key: _summary_value(key) for key in RunSummary.model_fields}
+    raw = (type_coerce(RUN_COLUMNS[key], NullType()).label(key) for key in ("created_at", "id", "status"))
+    return (json_object(fields).label("summary"), *raw)
+
+
+def _summary_value(key: str) -> ColumnElement[Any]:
+    """One RunSummary field in the database's JSON, as the model writes it."""
+    if key == "queue_position":
+        return null()  # list_runs_plan places the queued runs
+    if key == "priority":
+        return func.coalesce(RUN_COLUMNS[key], 0)  # rows from before the column had a default
+    return json_value(RUN_COLUMNS[key])
 
 
 @functools.cache
 def _list_statement(filters: tuple[str, ...], after_cursor: bool) -> Select[Any]:
     """GET /runs' statement for one combination of filters (columns equal to bound values of their names), built
-    once: building it and computing its cache key on every request cost about as much as running it."""
-    query = select(*SUMMARY_COLUMNS).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
+    once: building and keying a statement on each request cost about as much as running it."""
+    query = select(*_summary_json_columns()).where(*(RUN_COLUMNS[name] == bindparam(name) for name in filters))
     return newest_first_statement(query, RUN_COLUMNS, after_cursor)
 
 
-def _queue_page(
-    session: Session, filters: dict[str, Any], limit: int, cursor: str | None
-) -> tuple[Sequence[Row[Any]], str | None]:
+def _queue_rows_plan(filters: dict[str, Any], limit: int, cursor: str | None) -> ReadPlan[Sequence[Row[Any]]]:
     """`GET /runs?status=queued`: the queue in the order it is admitted (priority, then first come), a page at a
-    time; the cursor names the last run of the page before (its priority is read back from its row)."""
-    query = select(*SUMMARY_COLUMNS).where(*(RUN_COLUMNS[name] == value for name, value in filters.items()))
+    time (and one row more); the cursor names the last run of the page before (its priority is read back)."""
+    query = select(*_summary_json_columns()).where(*(RUN_COLUMNS[name] == value for name, value in filters.items()))
     if cursor:
         created_at, last_id = decode_cursor(cursor)
-        priority = session.scalar(select(Run.priority).where(Run.id == last_id)) or 0
+        last = yield Read(select(Run.priority).where(Run.id == last_id))
+        priority = (last[0].priority if last else 0) or 0
         query = query.where(
             or_(
                 Run.priority < priority,
@@ -311,7 +398,7 @@ def _queue_page(
                 ),
             )
         )
-    return split_page(session.execute(query.order_by(*admission.QUEUE_ORDER).limit(limit + 1)).all(), limit)
+    return (yield Read(query.order_by(*admission.QUEUE_ORDER).limit(limit + 1)))
 
 
 def _summary_fields(run: Run | Row[Any]) -> dict[str, Any]:
@@ -339,7 +426,17 @@ def run_warnings(run: Run | Row[Any], state: dict[str, Any] | None) -> list[dict
 
 
 def run_record(ctx: AppContext, run: Run, queue_position: int | None = None) -> RunOut:
-    """A run's record from its row (its processes loaded) and the trainer's state file."""
+    processes = [ProcessOut.model_validate(p, from_attributes=True) for p in run.processes]
+    return _run_out(ctx, run, processes, queue_position)
+
+
+def _run_out(
+    ctx: AppContext,
+    run: Run | Row[Any],
+    processes: list[ProcessOut] | list[dict[str, Any]],
+    queue_position: int | None,
+) -> RunOut:
+    """A run's record from its row (an ORM object, or a plain row of its table's columns) and its processes."""
     paths = RunPaths(ctx.settings.data_path, run.id)
     state = paths.read_trainer_state() or {}
     return RunOut(
@@ -363,7 +460,7 @@ def run_record(ctx: AppContext, run: Run, queue_position: int | None = None) -> 
         ports=run.ports,
         updated_at=run.updated_at,
         logs=paths.logs(),
-        processes=[ProcessOut.model_validate(process, from_attributes=True) for process in run.processes],
+        processes=processes,
     )
 
 
