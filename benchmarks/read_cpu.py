@@ -1,11 +1,13 @@
 """CPU per request of the run reads, through the ASGI app in-process (no sockets, no load generator).
 
     .venv/bin/python benchmarks/read_cpu.py [--requests 300] [--profile PATH]
+        [--postgres postgresql://postgres@127.0.0.1:5432/test]
 
-Seeds 10,000 runs in a temporary SQLite database, starts the app (its lifespan included), then sends each path
-`--requests` times, one after another, and prints the process CPU time per request (every thread counted: the
-handlers run in the thread pool) beside GET /healthz's, best of two rounds. On a shared machine this moves far
-less than req/s under load (benchmarks/runs.py), so it is the figure to compare before and after a change.
+Seeds 10,000 runs in a temporary SQLite database (with --postgres, a new database on that server, dropped
+after), starts the app (its lifespan included), then sends each path `--requests` times, one after another, and
+prints the process CPU time per request (every thread counted: the handlers run in the thread pool) beside GET
+/healthz's, best of two rounds. On a shared machine this moves far less than req/s under load
+(benchmarks/runs.py), so it is the figure to compare before and after a change.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.runs import _seed  # noqa: E402
+from benchmarks.runs import _database, _seed  # noqa: E402
 from service.db import migrate  # noqa: E402
 from service.db.engine import Database  # noqa: E402
 
@@ -95,9 +97,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--profile", type=Path, help="write a cProfile of GET /runs?limit=50 here")
+    parser.add_argument("--postgres", help="measure on PostgreSQL (a new database on this server), not SQLite")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as tmp:
-        url = f"sqlite:///{Path(tmp) / 'rlctl.db'}"
+    engine = "postgresql" if args.postgres else "sqlite"
+    with (
+        tempfile.TemporaryDirectory(prefix="rlctl-bench-") as tmp,
+        _database(engine, f"sqlite:///{Path(tmp) / 'rlctl.db'}", args.postgres) as url,
+    ):
         migrate.upgrade(Database(url))
         _seed(url, 10_000)
         os.environ.update(RLCTL_DATABASE_URL=url, RLCTL_DATA_DIR=tmp, RLCTL_LOG_LEVEL="WARNING", RLCTL_WARM_UP="false")

@@ -4,6 +4,9 @@ For the hottest listing (a page of runs) the service sends the database's JSON a
 Python values, validating them and writing them out again was most of such a page's time. These constructs write
 a row as one JSON object whose text means what the page's pydantic model writes for the same row (keys in the
 model's order, the same value types and datetime text); a test holds the two to that, on both engines.
+
+Part of the second read path of runs' two hottest reads: kept by measurement, and deleted when the ordinary path
+meets their goals, as service/db/plans.py says (figures and condition).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ greenlet switch at every await of the driver): on a page of runs, 0.7 ms against
 itself. Here SQLAlchemy still builds and compiles each statement (compiled once per statement object) and its
 types still convert the values both ways (`bind_processor`, `result_processor`: the public hooks a type offers a
 driver), so a row reads as it would through a Connection: its values by position and by name.
+
+Part of the second read path of runs' two hottest reads: kept by measurement, and deleted when the ordinary path
+meets their goals, as service/db/plans.py says (figures and condition).
 """
 
 from __future__ import annotations
