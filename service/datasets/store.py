@@ -194,12 +194,6 @@ def read_line_at(handle: IO[bytes], offset: int) -> str:
     return handle.readline().decode("utf-8").rstrip("\n")
 
 
-def iter_file_chunks(path: Path, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-    with path.open("rb") as handle:
-        while chunk := handle.read(chunk_size):
-            yield chunk
-
-
 def write_json_atomically(path: Path, value: Any) -> None:
     temporary = path.with_name(path.name + ".tmp")
     with temporary.open("w", encoding="utf-8") as handle:
