@@ -24,6 +24,7 @@ COPY supervisor ./supervisor
 COPY trainer ./trainer
 COPY trajectories ./trajectories
 COPY environments ./environments
+COPY environment_kit ./environment_kit
 COPY migrations ./migrations
 # Editable: the service finds environments/ and migrations/ beside its package, as in a checkout.
 RUN pip install --no-deps -e .

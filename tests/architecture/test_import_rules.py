@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"service", "supervisor", "trainer", "trajectories", "judging", "environments", "migrations"}
+FIRST_PARTY = {
+    "service",
+    "supervisor",
+    "trainer",
+    "trajectories",
+    "judging",
+    "environment_kit",
+    "environments",
+    "migrations",
+}
 
 # package -> first-party packages it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
@@ -16,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "supervisor": set(),
     "trainer": {"trajectories"},
     "judging": {"trajectories"},
-    "environments": {"trajectories", "judging"},
+    "environment_kit": {"trajectories"},
+    "environments": {"trajectories", "judging", "environment_kit"},
     "service": {"supervisor", "trainer", "trajectories", "judging"},
 }
 # third-party modules a package must never import, with the reason

@@ -30,7 +30,7 @@ from tests.ops.deployfiles import (
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 # What the service reads from beside its packages at run time (environments, migrations) and its packages.
-RUNTIME_TREES = {"service", "supervisor", "trainer", "environments", "migrations", "pyproject.toml"}
+RUNTIME_TREES = {"service", "supervisor", "trainer", "environments", "environment_kit", "migrations", "pyproject.toml"}
 # Variables of other programs that these files may set (Python's, PostgreSQL's image, the tinker SDK's).
 FOREIGN_VARIABLES = {"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TINKER_BASE_URL"}
 POSTGRES_IMAGE_VARIABLES = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
