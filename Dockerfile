@@ -26,6 +26,7 @@ COPY trainer ./trainer
 COPY trajectories ./trajectories
 COPY judging ./judging
 COPY environments ./environments
+COPY environment_kit ./environment_kit
 COPY migrations ./migrations
 # Editable: the service finds environments/ and migrations/ beside its package, as in a checkout.
 RUN pip install --no-deps -e .

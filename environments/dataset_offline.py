@@ -11,19 +11,15 @@ Nothing is sampled: the policy only learns from the stored completions.
 from __future__ import annotations
 
 import json
-import os
 import random
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
+from environment_kit.servers import local_model_server, tiny_model_dir
 from trajectories.records import record_from_dict
 from trajectories.training import chat_messages, training_tokens
-
-
-def default_tokenizer_dir() -> str:
-    return os.path.join(os.environ.get("RLCTL_DATA_DIR", "var"), "models", "tiny-qwen3")
 
 
 class DatasetOfflineConfig(BaseEnvConfig):
@@ -74,7 +70,7 @@ class DatasetOfflineEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[DatasetOfflineConfig, list[APIServerConfig]]:
-        tokenizer = default_tokenizer_dir()
+        tokenizer = tiny_model_dir()
         config = DatasetOfflineConfig(
             tokenizer_name=tokenizer,
             group_size=4,
@@ -86,14 +82,7 @@ class DatasetOfflineEnv(BaseEnv):
             wandb_name="dataset_offline",
             ensure_scores_are_not_same=False,  # groups of equal rewards are the trainer's to skip and count
         )
-        server = APIServerConfig(
-            model_name=tokenizer,
-            base_url="http://127.0.0.1:9001/v1",
-            api_key="local",
-            server_type="sglang",
-            health_check=False,
-        )
-        return config, [server]
+        return config, [local_model_server(tokenizer)]
 
     async def setup(self) -> None:
         if not self.config.groups_path:

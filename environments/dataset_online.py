@@ -24,16 +24,14 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
+from environment_kit.sampling import sample_group, scored_group
+from environment_kit.servers import local_model_server, tiny_model_dir
 from judging.client import JUDGE_KEY_ENV, CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
 from judging.groups import judge_fresh_group, weighted_scores
 from trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
 from trajectories.records import TrajectoryRecord
 from trajectories.rewards import WeightedReward, build_rewards, score_record
 from trajectories.training import record_with_completion
-
-
-def default_tokenizer_dir() -> str:
-    return os.path.join(os.environ.get("RLCTL_DATA_DIR", "var"), "models", "tiny-qwen3")
 
 
 class DatasetOnlineConfig(BaseEnvConfig):
@@ -130,7 +128,7 @@ class DatasetOnlineEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[DatasetOnlineConfig, list[APIServerConfig]]:
-        tokenizer = default_tokenizer_dir()
+        tokenizer = tiny_model_dir()
         config = DatasetOnlineConfig(
             tokenizer_name=tokenizer,
             group_size=8,
@@ -142,14 +140,7 @@ class DatasetOnlineEnv(BaseEnv):
             wandb_name="dataset_online",
             ensure_scores_are_not_same=False,  # groups of equal rewards are the trainer's to skip and count
         )
-        server = APIServerConfig(
-            model_name=tokenizer,
-            base_url="http://127.0.0.1:9001/v1",
-            api_key="local",
-            server_type="sglang",
-            health_check=False,
-        )
-        return config, [server]
+        return config, [local_model_server(tokenizer)]
 
     async def setup(self) -> None:
         self.prompts = read_prompts(self.config.prompts_path)
@@ -190,28 +181,19 @@ class DatasetOnlineEnv(BaseEnv):
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
         messages = item["messages"]
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        texts = [choice.message.content or "" for choice in completion.choices]
-        scores = await self.score_group(item, texts)
+        samples = await sample_group(
+            self,
+            messages,
+            n=self.config.group_size,
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+        )
+        scores = await self.score_group(item, [text for text, *_ in samples])
         if scores is None:
             self.unscored_groups += 1
             return None, []
         self.recent_scores.extend(scores)
-        for text, score, node in zip(texts, scores, nodes, strict=True):
-            group["tokens"].append(node.tokens)
-            group["masks"].append(node.masked_tokens)
-            group["scores"].append(score)
-            group["inference_logprobs"].append(node.logprobs)
-            group["messages"].append([*messages, {"role": "assistant", "content": text}])
-        return group, []
+        return scored_group(messages, samples, scores), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         """Greedy answers to the held-out prompts; eval/reward_mean is their mean reward (the judge scores each

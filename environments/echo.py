@@ -9,22 +9,16 @@ the right position), which keeps scores varying inside a group long after the fi
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from pydantic import Field
 
-from trajectories.training import reply_samples
+from environment_kit.sampling import sample_group, scored_group
+from environment_kit.servers import local_model_server, tiny_model_dir
 
 DIGITS = "0123456789"
-
-
-def default_tokenizer_dir() -> str:
-    """The tiny model the local backend creates in the data directory."""
-    return os.path.join(os.environ.get("RLCTL_DATA_DIR", "var"), "models", "tiny-qwen3")
 
 
 def score_reply(reply: str, target: str, reply_tokens: int, digit_weight: float) -> float:
@@ -66,7 +60,7 @@ class EchoEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[EchoConfig, list[APIServerConfig]]:
-        tokenizer = default_tokenizer_dir()
+        tokenizer = tiny_model_dir()
         config = EchoConfig(
             tokenizer_name=tokenizer,
             group_size=8,
@@ -80,14 +74,7 @@ class EchoEnv(BaseEnv):
             # would starve a run of batches once the policy is good.
             ensure_scores_are_not_same=False,
         )
-        server = APIServerConfig(
-            model_name=tokenizer,
-            base_url="http://127.0.0.1:9001/v1",
-            api_key="local",
-            server_type="sglang",
-            health_check=False,
-        )
-        return config, [server]
+        return config, [local_model_server(tokenizer)]
 
     async def setup(self) -> None:
         """Prompts are generated on the fly; nothing to load."""
@@ -107,38 +94,16 @@ class EchoEnv(BaseEnv):
 
     async def collect_trajectories(self, item: dict[str, str]) -> tuple[ScoredDataGroup | None, list]:
         messages = self.prompt_messages(item["target"])
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
-        for text, tokens, masks, logprobs in await self._sample_group(messages):
-            score = self.score(text, item["target"])
-            self.recent_scores.append(score)
-            group["tokens"].append(tokens)
-            group["masks"].append(masks)
-            group["scores"].append(score)
-            group["inference_logprobs"].append(logprobs)
-            group["messages"].append([*messages, {"role": "assistant", "content": text}])
-        return group, []
-
-    async def _sample_group(self, messages: list[dict[str, str]]) -> list[tuple[str, list, list, list]]:
-        """Replies with tokens, masks and sampler logprobs; plain OpenAI endpoints (inference tests) give text
-        only, so their tokens come from the tokenizer and their logprobs are placeholders."""
-        kwargs = {
-            "messages": messages,
-            "n": self.config.group_size,
-            "max_tokens": self.config.reply_tokens,
-            "temperature": self.config.temperature,
-        }
-        if isinstance(self.server.servers[0], OpenAIServer):
-            completion = await self.server.chat_completion(**kwargs)
-            return reply_samples(
-                self.tokenizer, messages, [choice.message.content or "" for choice in completion.choices]
-            )
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(**kwargs)
-            nodes = managed.get_state()["nodes"]
-        return [
-            (choice.message.content or "", node.tokens, node.masked_tokens, node.logprobs)
-            for choice, node in zip(completion.choices, nodes, strict=True)
-        ]
+        samples = await sample_group(
+            self,
+            messages,
+            n=self.config.group_size,
+            max_tokens=self.config.reply_tokens,
+            temperature=self.config.temperature,
+        )
+        scores = [self.score(text, item["target"]) for text, *_ in samples]
+        self.recent_scores.extend(scores)
+        return scored_group(messages, samples, scores), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         """Greedy replies to fresh prompts; eval/percent_correct is the mean score."""

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from pydantic import Field
 
-from trajectories.training import reply_samples
+from environment_kit.sampling import sample_group, scored_group
+from environment_kit.servers import local_model_server
 
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the problem step by step, then give the final answer as a number "
@@ -161,14 +161,7 @@ class GSM8KEnv(BaseEnv):
             use_wandb=False,
             wandb_name="gsm8k",
         )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen3-8B",
-            base_url="http://127.0.0.1:9001/v1",
-            api_key="local",
-            server_type="sglang",
-            health_check=False,
-        )
-        return config, [server]
+        return config, [local_model_server("Qwen/Qwen3-8B")]
 
     async def setup(self) -> None:
         self.train = load_split("train")
@@ -188,35 +181,16 @@ class GSM8KEnv(BaseEnv):
 
     async def collect_trajectories(self, item: dict[str, str]) -> tuple[ScoredDataGroup | None, list]:
         messages = self.prompt_messages(item["question"])
-        samples = await self._sample_group(messages)
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
-        for text, tokens, masks, logprobs in samples:
-            score = score_completion(text, item["gold"])
-            self.recent_scores.append(score)
-            group["tokens"].append(tokens)
-            group["masks"].append(masks)
-            group["scores"].append(score)
-            group["inference_logprobs"].append(logprobs)
-            group["messages"].append([*messages, {"role": "assistant", "content": text}])
-        return group, []
-
-    async def _sample_group(self, messages: list[dict[str, str]]) -> list[tuple[str, list, list, list]]:
-        """Completions with tokens, masks and sampler logprobs; plain OpenAI endpoints get no logprobs."""
-        max_tokens = min(self.config.max_new_tokens, self.config.max_token_length)
-        kwargs = {"messages": messages, "n": self.config.group_size, "max_tokens": max_tokens}
-        kwargs["temperature"] = self.config.temperature
-        if isinstance(self.server.servers[0], OpenAIServer):
-            completion = await self.server.chat_completion(**kwargs)
-            return reply_samples(
-                self.tokenizer, messages, [choice.message.content or "" for choice in completion.choices]
-            )
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(**kwargs)
-            nodes = managed.get_state()["nodes"]
-        return [
-            (choice.message.content or "", node.tokens, node.masked_tokens, node.logprobs)
-            for choice, node in zip(completion.choices, nodes, strict=True)
-        ]
+        samples = await sample_group(
+            self,
+            messages,
+            n=self.config.group_size,
+            max_tokens=min(self.config.max_new_tokens, self.config.max_token_length),
+            temperature=self.config.temperature,
+        )
+        scores = [score_completion(text, item["gold"]) for text, *_ in samples]
+        self.recent_scores.extend(scores)
+        return scored_group(messages, samples, scores), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         problems = self.test[: self.config.eval_items]

@@ -88,6 +88,7 @@ RUN_PRELOAD = (
     "rich.pretty",
     "trainer.loop",
     "trajectories.training",  # the shipped environments' text replies as rollouts
+    "environment_kit.sampling",  # the environments' shared sampling (docs/ENVIRONMENTS.md#shared-helpers)
     "transformers.models.qwen3.modeling_qwen3",
     "trainer.backends.local:warm_up",
 )

@@ -62,11 +62,6 @@ class FailureBudget:
         with self._lock:
             return BudgetState(self._consecutive, self._total, self._last_error)
 
-    @property
-    def exhausted(self) -> bool:
-        with self._lock:
-            return self._consecutive >= self.limit
-
     def check(self) -> None:
         """Raise BudgetExhausted once `limit` consecutive failures have happened."""
         state = self.state()

@@ -26,10 +26,6 @@ class TrainingDatum:
     completion_mask: list[bool]  # which targets are completion tokens (for metrics)
     sampler_logprobs: list[float] | None  # None: the backend computes them with a forward pass
 
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(self.completion_mask)
-
     def with_sampler_logprobs(self, logprobs: Sequence[float]) -> TrainingDatum:
         return TrainingDatum(
             self.input_tokens, self.target_tokens, self.advantages, self.completion_mask, list(logprobs)

@@ -3,7 +3,7 @@
 Typical use, streaming a file of any supported kind::
 
     with open(path, encoding="utf-8") as lines:
-        for outcome in import_lines(lines, fmt="auto"):
+        for outcome in import_items(read_items(lines), fmt="auto"):
             ...  # ImportedRecord(line, record) or ItemError(line, code, message, path)
 """
 
@@ -18,7 +18,7 @@ from trajectories.formats.chat import import_openai, import_swe_agent, import_ta
 from trajectories.formats.openhands import import_openhands
 from trajectories.formats.responses import import_responses
 from trajectories.formats.sharegpt import import_batch_runner, import_llamafactory, import_rlctl, import_sharegpt
-from trajectories.reading import Container, ItemError, RawItem, read_items
+from trajectories.reading import ItemError, RawItem
 from trajectories.records import TrajectoryRecord
 
 Importer = Callable[[Any], TrajectoryRecord]
@@ -63,13 +63,11 @@ def import_item(item: RawItem, fmt: str = "auto") -> ImportedRecord | ItemError:
         return ItemError(item.line, error.code, error.message, error.path)
 
 
-def import_lines(
-    lines: Iterable[str], fmt: str = "auto", container: Container = "auto"
-) -> Iterator[ImportedRecord | ItemError]:
-    """Records (or per-item errors) from a text stream, one item in memory at a time."""
+def import_items(items: Iterable[RawItem | ItemError], fmt: str = "auto") -> Iterator[ImportedRecord | ItemError]:
+    """Records (or per-item errors) of read items (`read_items`, an upload's items), one in memory at a time."""
     if fmt not in FORMAT_NAMES:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMAT_NAMES)}")
-    for item in read_items(lines, container):
+    for item in items:
         yield item if isinstance(item, ItemError) else import_item(item, fmt)
 
 

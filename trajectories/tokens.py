@@ -66,13 +66,6 @@ class ApproximateTokenCounter:
         return total
 
 
-def default_token_counter(tokenizer_dir: str | os.PathLike[str] | None = None) -> TokenCounter:
-    """The tokenizer in ``tokenizer_dir`` when there is one there, otherwise the approximate fallback."""
-    if tokenizer_dir is not None and os.path.isdir(tokenizer_dir):
-        return HuggingFaceTokenCounter(tokenizer_dir)
-    return ApproximateTokenCounter()
-
-
 def turn_token_counts(turns: Iterable[Turn], counter: TokenCounter) -> list[int]:
     return [counter.count(turn.value) for turn in turns]
 

@@ -52,13 +52,6 @@ class UploadOptions(BaseModel):
     tokenizer: str | None = _TOKENIZER_FIELD
 
 
-class ItemErrorOut(BaseModel):
-    line: int = Field(description="1-based line where the item starts in the upload.")
-    code: str = Field(description="INVALID_JSON, INVALID_RECORD, UNKNOWN_FORMAT, UNKNOWN_ROLE, ...")
-    message: str
-    path: str | None = Field(None, description="Where inside the item, e.g. traj[5].role.")
-
-
 class TrainedRun(BaseModel):
     id: str
     mode: str = Field(description="offline or online")

@@ -52,7 +52,7 @@ from service.pagination import DEFAULT_PAGE, newest_first_page
 from service.rewards.errors import JudgeNotConfigured
 from service.rewards.judge import judge_endpoint
 from service.rewards.service import check_rewards
-from trajectories.importing import import_item
+from trajectories.importing import import_items
 from trajectories.judge import GROUP_REWARDS, JUDGE_REWARD
 from trajectories.reading import ItemError, ItemTooLarge
 from trajectories.records import record_from_dict
@@ -101,8 +101,7 @@ def upload_dataset(ctx: AppContext, options: UploadOptions, lines_or_stream: Byt
     builder = DatasetBuilder(dataset_store(ctx), f"upload-{dataset_id}", load_counter(ctx.settings, counter_name))
     errors = _ErrorList()
     try:
-        for item in upload_items(lines_or_stream, container):
-            outcome = item if isinstance(item, ItemError) else import_item(item, fmt)
+        for outcome in import_items(upload_items(lines_or_stream, container), fmt):
             if isinstance(outcome, ItemError):
                 errors.add(outcome)
             elif not (errors.count and on_error == "fail"):  # after a bad item nothing will be kept: stop writing

@@ -181,12 +181,6 @@ def iter_lines(path: Path) -> Iterator[str]:
             yield raw.decode("utf-8").rstrip("\n")
 
 
-def iter_file_chunks(path: Path, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-    with path.open("rb") as handle:
-        while chunk := handle.read(chunk_size):
-            yield chunk
-
-
 def write_json_atomically(path: Path, value: Any) -> None:
     temporary = path.with_name(path.name + ".tmp")
     with temporary.open("w", encoding="utf-8") as handle:

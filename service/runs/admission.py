@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import Run, RunAdmission
-from service.db.plans import Read, ReadPlan, run_plan_on
+from service.db.plans import Read, ReadPlan
 from service.db.rows import changed_rows
 from service.runs import lifecycle
 from supervisor.executor import NO_RESOURCES, Executor, Resources, Usage
@@ -86,14 +86,10 @@ def _total(rows: Sequence[Any]) -> Resources:
     return total
 
 
-def queue_positions(session: Session | Connection, run_ids: Sequence[str]) -> dict[str, int]:
-    """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out)."""
-    return run_plan_on(session, queue_positions_plan(run_ids))
-
-
 def queue_positions_plan(run_ids: Sequence[str]) -> ReadPlan[dict[str, int]]:
-    """`queue_positions` as a read plan. One query (none for no run): the queues of the replicas concerned, in
-    order (a queue is short: it is what one host waits on)."""
+    """The 1-based place of each queued run among its replica's queued runs (runs not queued are left out). One
+    query (none for no run): the queues of the replicas concerned, in order (a queue is short: it is what one host
+    waits on)."""
     if not run_ids:
         return {}
     owners = select(Run.owner_id).where(Run.id.in_(run_ids), Run.status == lifecycle.QUEUED).distinct()

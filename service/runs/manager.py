@@ -112,10 +112,6 @@ class RunManager(Component):
             waiting = select(Run.id).where(Run.owner_id == self.replica_id, Run.status.in_(lifecycle.WAITING))
             return session.scalar(waiting.limit(1)) is not None
 
-    def launch(self, run_id: str) -> None:
-        """A new run was recorded `pending`: admission starts it now or queues it."""
-        self.admit()
-
     def _start(self, run_id: str) -> bool:
         """Start an admitted (`starting`) run's processes in the background; False when it failed at once."""
         with self.ctx.db.read() as session:

@@ -21,7 +21,6 @@ import os
 import secrets
 import sys
 from pathlib import Path
-from typing import Protocol
 
 from sqlalchemy import select, update
 
@@ -42,12 +41,6 @@ from supervisor.run import API, ENV, TRAINER
 
 BAD_SECRET = "unknown run or wrong run secret"
 PLAN_SKIPPED = {"metrics.jsonl", "env_metrics.jsonl", "trainer_state.json", "config.yaml"}
-
-
-class NodeEventSink(Protocol):
-    """The executor that watches runs on other nodes (supervisor/ray_executor.py)."""
-
-    def deliver(self, run_id: str, events: list[dict[str, object]], log_paths: dict[str, Path]) -> bool: ...
 
 
 def secret_hash(secret: str) -> str:

@@ -144,7 +144,7 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         return existing, False  # a concurrent request with the same key won
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(run_config.render_yaml(config))
-    manager.launch(run.id)
+    manager.admit()  # the new `pending` run starts now or waits in the queue
     return get_run(ctx, run.id), True
 
 

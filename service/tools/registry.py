@@ -23,7 +23,7 @@ from service.context import AppContext
 from service.errors import NotFound, ServiceError
 from service.runs.ratelimit import status_rule
 from service.settings import Settings
-from service.tools.schema import JsonSchema, output_schema, strict_input_schema, without_default_nulls
+from service.tools.json_schemas import JsonSchema, output_schema, strict_input_schema, without_default_nulls
 from service.tools.sessions import SessionState
 
 logger = logging.getLogger("rlctl.tools")

@@ -24,7 +24,8 @@ WINGS: dict[str, set[str]] = {
     "sandbox": set(),
     "trainer": {"trajectories"},
     "judging": {"trajectories"},
-    "environments": {"trajectories", "judging"},
+    "environment_kit": {"trajectories"},
+    "environments": {"trajectories", "judging", "environment_kit"},
     "service": {"supervisor", "sandbox", "trainer", "trajectories", "judging"},
     "migrations": {"service"},
 }

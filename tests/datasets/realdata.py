@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trajectories.importing import ImportedRecord, import_lines
-from trajectories.reading import ItemError
+from trajectories.importing import ImportedRecord, import_items
+from trajectories.reading import ItemError, read_items
 
 # Every data file and the format auto-detection must give it, with its record count.
 EXPECTED_FILES: dict[str, tuple[str, int]] = {
@@ -33,4 +33,4 @@ EXPECTED_FILES: dict[str, tuple[str, int]] = {
 
 def import_file(path: Path, fmt: str = "auto") -> list[ImportedRecord | ItemError]:
     with path.open(encoding="utf-8") as lines:
-        return list(import_lines(lines, fmt=fmt))
+        return list(import_items(read_items(lines), fmt=fmt))

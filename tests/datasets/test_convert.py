@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trajectories.convert import convert_openai_messages
-from trajectories.importing import ImportedRecord, import_lines
+from trajectories.importing import ImportedRecord, import_items
+from trajectories.reading import read_items
 from trajectories.records import TrajectoryRecord, record_from_dict, record_to_dict
 
 
@@ -117,7 +118,7 @@ def test_non_ascii_text_is_kept_readable() -> None:
 
 def test_stored_records_round_trip_exactly(all_real_records) -> None:
     lines = [json.dumps(record_to_dict(record), ensure_ascii=False) for _, record in all_real_records]
-    reimported = list(import_lines(lines))
+    reimported = list(import_items(read_items(lines)))
     assert all(isinstance(o, ImportedRecord) for o in reimported)
     assert [o.record for o in reimported] == [record for _, record in all_real_records]
 
@@ -128,7 +129,7 @@ def test_plain_sharegpt_export_keeps_tool_call_ids_and_names(all_real_records) -
         if not any(turn.tool_calls for turn in record.turns):
             continue
         plain = {"conversations": [{"from": t.role, "value": t.value} for t in record.turns]}
-        [outcome] = list(import_lines([json.dumps(plain)], fmt="sharegpt"))
+        [outcome] = list(import_items(read_items([json.dumps(plain)]), fmt="sharegpt"))
         assert isinstance(outcome, ImportedRecord), (name, outcome)
         back = outcome.record.turns
         assert [(t.tool_call_id, t.name) for t in back] == [(t.tool_call_id, t.name) for t in record.turns], name

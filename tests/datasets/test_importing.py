@@ -10,8 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.datasets.realdata import EXPECTED_FILES, import_file
-from trajectories.importing import FORMATS, ImportedRecord, detect_format, import_item, import_lines
-from trajectories.reading import ItemError, RawItem
+from trajectories.importing import FORMATS, ImportedRecord, detect_format, import_item, import_items
+from trajectories.reading import ItemError, RawItem, read_items
 from trajectories.records import TrajectoryRecord
 from trajectories.rewards import CorrectnessReward
 
@@ -23,7 +23,7 @@ def only_record(outcomes: list) -> TrajectoryRecord:
 
 
 def errors_of(lines: list[str], fmt: str = "auto") -> list[ItemError]:
-    return [o for o in import_lines(lines, fmt=fmt) if isinstance(o, ItemError)]
+    return [o for o in import_items(read_items(lines), fmt=fmt) if isinstance(o, ItemError)]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_FILES))
@@ -146,7 +146,7 @@ def test_other_keys_of_an_openai_line_become_metadata_used_by_correctness() -> N
         "answer": "72",
         "task_id": "gsm8k-0",
     }
-    record = only_record(list(import_lines([json.dumps(line)])))
+    record = only_record(list(import_items(read_items([json.dumps(line)]))))
     assert record.metadata == {"answer": "72", "task_id": "gsm8k-0"}
     assert record.turns[-1].value == "<think>\nMay: 48 / 2 = 24.\n</think>\n48 + 24 = 72"
     assert CorrectnessReward()(record) == 2.0
@@ -171,7 +171,7 @@ def test_explicit_format_that_does_not_fit_is_a_per_item_error() -> None:
     [error] = errors_of(['{"conversations": [{"from": "human", "value": "hi"}]}\n'], fmt="tau_bench")
     assert error.code == "INVALID_RECORD" and error.line == 1
     with pytest.raises(ValueError, match="unknown format"):
-        list(import_lines(["{}"], fmt="nope"))
+        list(import_items(read_items(["{}"]), fmt="nope"))
 
 
 def test_bad_input_gets_clear_per_line_errors_while_good_lines_import() -> None:
@@ -185,7 +185,7 @@ def test_bad_input_gets_clear_per_line_errors_while_good_lines_import() -> None:
         json.dumps({"messages": []}),
         json.dumps(good),
     ]
-    outcomes = list(import_lines(lines))
+    outcomes = list(import_items(read_items(lines)))
     assert [o.line for o in outcomes] == [1, 2, 3, 4, 5, 6, 7]
     assert isinstance(outcomes[0], ImportedRecord) and isinstance(outcomes[6], ImportedRecord)
     codes = {o.line: (o.code, o.path) for o in outcomes if isinstance(o, ItemError)}
@@ -328,7 +328,7 @@ BATCH_RUNNER_RECORD = {
 
 def test_a_batch_runner_record_is_detected_and_keeps_completion_and_toolsets() -> None:
     assert detect_format(BATCH_RUNNER_RECORD) == "batch_runner"
-    record = only_record(list(import_lines([json.dumps(BATCH_RUNNER_RECORD)])))
+    record = only_record(list(import_items(read_items([json.dumps(BATCH_RUNNER_RECORD)]))))
     assert record.source_format == "batch_runner" and record.completed is True
     assert [t.role for t in record.turns] == ["system", "human", "gpt", "tool", "gpt"]
     assert [(c.id, c.name) for c in record.turns[2].tool_calls] == [("call_1", "terminal")]

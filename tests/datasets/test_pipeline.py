@@ -13,8 +13,8 @@ from tests.datasets.realdata import EXPECTED_FILES
 from trajectories.compression import CompressionConfig, CompressionStats, compress_record
 from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
 from trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
-from trajectories.importing import ImportedRecord, import_lines
-from trajectories.reading import ItemError
+from trajectories.importing import ImportedRecord, import_items
+from trajectories.reading import ItemError, read_items
 from trajectories.records import record_to_dict
 from trajectories.rewards import FormatReward, SourceReward, WeightedReward, scored
 from trajectories.stats import DatasetStats, compute_record_stats
@@ -31,7 +31,7 @@ def test_real_file_through_the_whole_pipeline(trajectories_dir: Path, name: str)
     stats, filtering, compression = DatasetStats(), FilterReport(), CompressionStats()
     stored: list[str] = []
     with (trajectories_dir / name).open(encoding="utf-8") as lines:
-        for outcome in import_lines(lines):
+        for outcome in import_items(read_items(lines)):
             assert isinstance(outcome, ImportedRecord), outcome
             record = outcome.record
             stats.add(compute_record_stats(record, counter))
@@ -44,7 +44,7 @@ def test_real_file_through_the_whole_pipeline(trajectories_dir: Path, name: str)
     assert stats.records == filtering.kept == compression.records == len(stored) == expected_count
     assert compression.as_dict()["tokens_saved"] >= 0 and compression.summarization_errors == 0
 
-    reread = [o.record for o in import_lines(stored) if isinstance(o, ImportedRecord)]
+    reread = [o.record for o in import_items(read_items(stored)) if isinstance(o, ImportedRecord)]
     assert [json.dumps(record_to_dict(r), ensure_ascii=False) for r in reread] == stored
     assert all(r.reward is not None and set(r.reward_breakdown or {}) == {"format", "source_reward"} for r in reread)
 
@@ -68,7 +68,7 @@ def test_import_is_lazy_one_json_line_at_a_time() -> None:
         yield json.dumps(message) + "\n"
         raise AssertionError("read past the first record before it was asked for")
 
-    outcomes = import_lines(lines())
+    outcomes = import_items(read_items(lines()))
     assert isinstance(next(outcomes), ImportedRecord)
 
 
@@ -80,7 +80,7 @@ def test_import_is_lazy_one_array_element_at_a_time() -> None:
         yield json.dumps(record) + ",\n"
         raise AssertionError("read past the first element before it was asked for")
 
-    outcomes = import_lines(lines())
+    outcomes = import_items(read_items(lines()))
     first = next(outcomes)
     assert isinstance(first, ImportedRecord) and first.line == 2
 
@@ -88,6 +88,6 @@ def test_import_is_lazy_one_array_element_at_a_time() -> None:
 def test_a_whole_file_with_bad_lines_reports_them_and_imports_the_rest(trajectories_dir: Path) -> None:
     lines = (trajectories_dir / "nemo-gym-xlam-fc-rollouts.jsonl").read_text(encoding="utf-8").splitlines()
     lines.insert(2, lines[2][: len(lines[2]) // 2])  # a line cut in half, as from an interrupted upload
-    outcomes = list(import_lines(lines))
+    outcomes = list(import_items(read_items(lines)))
     assert [o.line for o in outcomes if isinstance(o, ItemError)] == [3]
     assert len([o for o in outcomes if isinstance(o, ImportedRecord)]) == 5

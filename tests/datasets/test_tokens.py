@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from service.datasets.errors import UnknownTokenizer
+from service.datasets.tokenizers import APPROX, load_counter, resolve_tokenizer
+from service.settings import Settings
 from trajectories.tokens import (
     ApproximateTokenCounter,
     HuggingFaceTokenCounter,
     TokenCounter,
-    default_token_counter,
     fit_to_token_budget,
     record_token_count,
 )
@@ -37,15 +40,28 @@ def test_texts_longer_than_the_models_context_are_counted_in_full(tokenizer_dir:
     assert HuggingFaceTokenCounter(tmp_path).count(text) == len(tokenizer.encode(text, add_special_tokens=False)) > 64
 
 
+def settings_without_run_tokenizer(tmp_path: Path, **values: Any) -> Settings:
+    """Settings whose run tokenizer no local cache holds, so only the given tokenizer directories exist."""
+    return Settings(_env_file=None, data_dir=tmp_path / "data", tokenizer_name="rlctl-tests/never-cached", **values)
+
+
 def test_a_missing_tokenizer_directory_is_an_error_not_a_download(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         HuggingFaceTokenCounter(tmp_path / "absent")
-    assert isinstance(default_token_counter(tmp_path / "absent"), ApproximateTokenCounter)
-    assert isinstance(default_token_counter(None), ApproximateTokenCounter)
+    settings = settings_without_run_tokenizer(tmp_path, tokenizer_dirs=str(tmp_path))
+    with pytest.raises(UnknownTokenizer):
+        resolve_tokenizer(settings, "absent")
+    resolved = resolve_tokenizer(settings, None)
+    assert resolved == APPROX and isinstance(load_counter(settings, resolved), ApproximateTokenCounter)
 
 
-def test_default_counter_uses_a_local_tokenizer_when_there_is_one(tokenizer_dir: Path) -> None:
-    assert isinstance(default_token_counter(tokenizer_dir), HuggingFaceTokenCounter)
+def test_default_counter_uses_a_local_tokenizer_when_there_is_one(tokenizer_dir: Path, tmp_path: Path) -> None:
+    settings = settings_without_run_tokenizer(
+        tmp_path, tokenizer_dirs=str(tokenizer_dir.parent), dataset_tokenizer=tokenizer_dir.name
+    )
+    resolved = resolve_tokenizer(settings, None)
+    assert resolved == tokenizer_dir.name
+    assert isinstance(load_counter(settings, resolved), HuggingFaceTokenCounter)
 
 
 def test_fallback_counts_words_digits_symbols_and_line_breaks() -> None:

@@ -210,8 +210,7 @@ def test_admission_takes_priority_then_arrival_and_the_head_blocks_the_rest(db: 
     with db.session() as session:
         assert admission.admit(session, limited(2), "r1") == ["c", "a"]
     assert statuses(db) == {"a": "starting", "b": "queued", "c": "starting", "d": "queued"}
-    with db.read() as session:
-        assert admission.queue_positions(session, ["a", "b", "d"]) == {"b": 1, "d": 2}
+    assert db.run_plan(admission.queue_positions_plan(["a", "b", "d"])) == {"b": 1, "d": 2}
     # A run bigger than the free memory heads the queue: it waits, and the small one behind it does not overtake.
     with db.session() as session:
         session.execute(update(Run).where(Run.id == "b").values(resources={**SMALL, "memory_gb": 1000}))

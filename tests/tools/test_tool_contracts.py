@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.tools.catalog import ALL_TOOLS
+from service.tools.json_schemas import admits_null
 from service.tools.registry import Tool
-from service.tools.schema import admits_null
 from tests.conftest import build_settings
 
 # The required arguments of each tool, valid in form: what a call needs besides its optional arguments.

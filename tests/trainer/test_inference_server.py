@@ -16,7 +16,7 @@ from tests.support.live import free_port
 from tests.support.waiting import REQUEST_TIMEOUT
 from trainer.backends.local import LocalBackend
 from trainer.config import parse_config
-from trainer.failures import SAMPLING_FAILED, FailureBudget
+from trainer.failures import SAMPLING_FAILED, BudgetExhausted, FailureBudget
 from trainer.inference_server import InferenceServer, create_app
 
 ALIAS = "tiny/alias-model"
@@ -291,4 +291,6 @@ def test_backend_failures_are_502_in_openai_shape_and_count_against_the_budget(
             assert raised.value.body["code"] == "backend_error" and "went away" in raised.value.body["message"]
     finally:
         server.stop()
-    assert budget.exhausted and "ConnectionError" in (budget.state().last_error or "")
+    with pytest.raises(BudgetExhausted, match="2 consecutive sampling calls failed"):
+        budget.check()
+    assert "ConnectionError" in (budget.state().last_error or "")
