@@ -19,14 +19,8 @@ COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
-COPY service ./service
-COPY supervisor ./supervisor
-COPY sandbox ./sandbox
-COPY trainer ./trainer
-COPY trajectories ./trajectories
-COPY judging ./judging
+COPY rlctl ./rlctl
 COPY environments ./environments
-COPY environment_kit ./environment_kit
 COPY migrations ./migrations
 # Editable: the service finds environments/ and migrations/ beside its package, as in a checkout.
 RUN pip install --no-deps -e .

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 # Packages the type checker covers (pyproject.toml's [tool.mypy] has its settings).
-TYPED_PACKAGES := service supervisor trainer trajectories judging sandbox environment_kit
+TYPED_PACKAGES := rlctl
 
 # The SkyRL lane (docs/SKYRL.md): SkyRL's Tinker-compatible server in its own Python 3.12 environment.
 SKYRL_PYTHON ?= $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null || \

@@ -1,5 +1,5 @@
-"""The architecture's figures: import cycles and upward imports inside service/, lines by wing, long functions, and
-(with --strict) mypy --strict errors by wing.
+"""The architecture's figures: import cycles and upward imports inside rlctl/service/, lines by wing, long functions,
+and (with --strict) mypy --strict errors by wing.
 
     .venv/bin/python benchmarks/architecture.py [--strict] [--long 50]
 
@@ -34,7 +34,7 @@ def lines_by_wing() -> dict[str, int]:
     ):
         where = layers.REPO_ROOT / "service" / unit
         files = sorted(where.rglob("*.py")) if where.is_dir() else [where]
-        counts[f"service/{unit.removesuffix('.py')}"] = sum(production_lines(path) for path in files)
+        counts[f"rlctl/service/{unit.removesuffix('.py')}"] = sum(production_lines(path) for path in files)
     return counts
 
 
@@ -69,10 +69,10 @@ def main() -> None:
 
     cycles = layers.unit_cycles()
     violations = layers.layer_violations()
-    print(f"import cycles between the parts of service/: {len(cycles)}")
+    print(f"import cycles between the parts of rlctl/service/: {len(cycles)}")
     for cycle in cycles:
         print(f"  {' -> '.join(cycle)}")
-    print(f"imports against the layers of service/ (upward, sideways, kernel to domain): {len(violations)}")
+    print(f"imports against the layers of rlctl/service/ (upward, sideways, kernel to domain): {len(violations)}")
     for violation in violations:
         print(f"  {violation}")
     wing_problems = [problem for wing in layers.WINGS for problem in layers.wing_violations(wing)]

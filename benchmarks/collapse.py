@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics  # noqa: E402
-from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 COLLAPSED_BELOW = 0.01
 

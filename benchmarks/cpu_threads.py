@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cpu_threads.py [--reps 8] [--batch 16] [--tokens 20]
 
-Why the trainer gives training and sampling half the cores each (`trainer.loop.split_cpu_threads`, one thread
+Why the trainer gives training and sampling half the cores each (`rlctl.trainer.loop.split_cpu_threads`, one thread
 each on 2 cores): on a shared machine, an operator split over several threads waits at its end for the slowest
 one, and a thread that lost its core makes every operator wait. Printed: the median and worst pass time with each
 thread count, alternated (1, all, 1, all) so both see the same load, their ratio, and the load average.
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.tiny_model import init_tiny_model  # noqa: E402
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 
 
 def pass_times(model: torch.nn.Module, ids: torch.Tensor, reps: int) -> list[float]:

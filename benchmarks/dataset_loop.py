@@ -30,8 +30,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.support.served_model import echo_collection, served_model  # noqa: E402 - after the repository is on the path
-from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 
 def _datasets_benchmark() -> Any:

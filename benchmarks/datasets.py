@@ -36,9 +36,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.ports import free_ports  # noqa: E402
-from trajectories.records import record_from_dict  # noqa: E402
-from trajectories.tokens import ApproximateTokenCounter  # noqa: E402
+from rlctl.supervisor.ports import free_ports  # noqa: E402
+from rlctl.trajectories.records import record_from_dict  # noqa: E402
+from rlctl.trajectories.tokens import ApproximateTokenCounter  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORDS = (
@@ -163,7 +163,7 @@ def start_service(
     environment.update(extra_environment or {})
     log = log_path.open("wb") if log_path is not None else subprocess.DEVNULL
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "rlctl.service.cli", "serve", "--port", str(port)],
         cwd=REPO_ROOT,
         env=environment,
         stdout=log,

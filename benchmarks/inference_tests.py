@@ -5,8 +5,9 @@
 
 The endpoint is the trainer's inference server on the tiny local model, on loopback, answering to three model names,
 sampling with the intra-op threads a run's trainer gives its sampler (half of torch's default,
-`trainer.loop.split_cpu_threads`: one on 2 cores, leaving the other to the models' processes); `--endpoint-threads N`
-sets N instead (0: torch's default, every core). Each mode runs the same test through the service layer (one child
+`rlctl.trainer.loop.split_cpu_threads`: one on 2 cores, leaving the other to the models' processes);
+`--endpoint-threads N` sets N instead (0: torch's default, every core). Each mode runs the same test through the
+service layer (one child
 process per model, the environment's own `process` mode). Printed: the wall time of each run (job start to end),
 per-model latency, and the ratios together / slowest alone (the goal: at most 1.2) and sequential / together.
 `--added-latency-s` puts a loopback front server before the inference server that delays every request, as a remote
@@ -29,17 +30,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.app import register_job_kinds  # noqa: E402
-from service.db import migrate  # noqa: E402
-from service.inference_tests.schemas import CreateInferenceTestRequest  # noqa: E402
-from service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
-from service.jobs.runner import JobRunner  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.startup import build_app_context  # noqa: E402
+from rlctl.service.app import register_job_kinds  # noqa: E402
+from rlctl.service.db import migrate  # noqa: E402
+from rlctl.service.inference_tests.schemas import CreateInferenceTestRequest  # noqa: E402
+from rlctl.service.inference_tests.service import get_inference_test, start_inference_test  # noqa: E402
+from rlctl.service.jobs.runner import JobRunner  # noqa: E402
+from rlctl.service.settings import Settings  # noqa: E402
+from rlctl.service.startup import build_app_context  # noqa: E402
+from rlctl.trainer.loop import split_cpu_threads  # noqa: E402
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.conftest import TEST_DATA  # noqa: E402
 from tests.support.endpoints import fault_endpoint, tiny_model_endpoint  # noqa: E402
-from trainer.loop import split_cpu_threads  # noqa: E402
-from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 MODELS = ["bench/model-a", "bench/model-b", "bench/model-c"]
 

@@ -22,11 +22,11 @@ from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.db import migrate  # noqa: E402
-from service.db.engine import Database  # noqa: E402
-from service.db.models import Job, Run, RunProcess, StatusCheck  # noqa: E402
-from service.db.types import utcnow  # noqa: E402
-from service.monitoring.state import DatabaseStateCollector  # noqa: E402
+from rlctl.service.db import migrate  # noqa: E402
+from rlctl.service.db.engine import Database  # noqa: E402
+from rlctl.service.db.models import Job, Run, RunProcess, StatusCheck  # noqa: E402
+from rlctl.service.db.types import utcnow  # noqa: E402
+from rlctl.service.monitoring.state import DatabaseStateCollector  # noqa: E402
 
 RUN_STATES = ("running", "completed", "failed", "stopped")
 JOB_STATES = ("succeeded", "failed", "running", "queued")

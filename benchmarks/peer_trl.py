@@ -36,8 +36,8 @@ from typing import Any
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics  # noqa: E402
-from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 GROUP_SIZE = 8
 GROUPS_PER_STEP = 4
@@ -98,7 +98,7 @@ def run_trl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainer.backends.local import linear_module_names
+    from rlctl.trainer.backends.local import linear_module_names
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "environments"))
     from echo import EchoConfig, score_reply

@@ -66,10 +66,10 @@ def control_plane(
     if cluster is not None:
         env["RLCTL_RAY_ADDRESS"] = cluster.dashboard_url
         env["RLCTL_RAY_CONTROL_URL"] = f"http://127.0.0.1:{port}"
-    subprocess.run([sys.executable, "-m", "service.cli", "db", "upgrade"], env=env, cwd=REPO_ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "rlctl.service.cli", "db", "upgrade"], env=env, cwd=REPO_ROOT, check=True)
     log = (workdir / f"serve-{executor}-{port}.log").open("ab")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "rlctl.service.cli", "serve", "--port", str(port)],
         env=env,
         cwd=REPO_ROOT,
         stdout=log,

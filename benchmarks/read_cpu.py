@@ -28,8 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.runs import _database, _seed  # noqa: E402
-from service.db import migrate  # noqa: E402
-from service.db.engine import Database  # noqa: E402
+from rlctl.service.db import migrate  # noqa: E402
+from rlctl.service.db.engine import Database  # noqa: E402
 
 
 async def _call(app: Any, path: str) -> None:
@@ -64,7 +64,7 @@ async def _call(app: Any, path: str) -> None:
 
 async def _measure(app: Any, requests: int, profile: Path | None = None) -> None:
     async with app.router.lifespan_context(app):
-        from service.runs import service as runs
+        from rlctl.service.runs import service as runs
 
         run_id = runs.list_runs(app.state.context, limit=1).runs[0].id
         paths = ["/healthz", "/runs?limit=50", "/runs?limit=50&status=failed", f"/runs/{run_id}", "/runs?limit=20"]
@@ -108,7 +108,7 @@ def main() -> None:
         _seed(url, 10_000)
         os.environ.update(RLCTL_DATABASE_URL=url, RLCTL_DATA_DIR=tmp, RLCTL_LOG_LEVEL="WARNING", RLCTL_WARM_UP="false")
         logging.disable(logging.INFO)  # the access log is not what is measured
-        from service.app import create_app
+        from rlctl.service.app import create_app
 
         asyncio.run(_measure(create_app(), args.requests, args.profile))
 

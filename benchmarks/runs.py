@@ -39,11 +39,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.load import LoadResult, run_load  # noqa: E402
-from service.db import migrate  # noqa: E402
-from service.db.engine import Database  # noqa: E402
-from service.db.models import Run  # noqa: E402
-from service.settings import normalize_database_url  # noqa: E402
-from supervisor.ports import free_ports  # noqa: E402
+from rlctl.service.db import migrate  # noqa: E402
+from rlctl.service.db.engine import Database  # noqa: E402
+from rlctl.service.db.models import Run  # noqa: E402
+from rlctl.service.settings import normalize_database_url  # noqa: E402
+from rlctl.supervisor.ports import free_ports  # noqa: E402
 
 REFERENCE_STARTUP_S = 135.0
 GOAL_THROUGHPUT = 0.5  # issue 18: each read >= 0.5 of /healthz's requests per second under the same load
@@ -214,7 +214,7 @@ def _service(database_url: str, data_dir: Path):  # type: ignore[no-untyped-def]
         RLCTL_LOG_LEVEL="WARNING",
     )
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "rlctl.service.cli", "serve", "--port", str(port)],
         cwd=REPO_ROOT,
         env=env,
         start_new_session=True,

@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.backends.base import SamplingRequest  # noqa: E402
-from trainer.backends.local import LocalBackend  # noqa: E402
-from trainer.config import parse_config  # noqa: E402
-from trainer.tiny_model import init_tiny_model  # noqa: E402
+from rlctl.trainer.backends.base import SamplingRequest  # noqa: E402
+from rlctl.trainer.backends.local import LocalBackend  # noqa: E402
+from rlctl.trainer.config import parse_config  # noqa: E402
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 
 ROWS = (16, 48, 128)
 ROWS_PER_REQUEST = 8

@@ -26,9 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sandbox.bubblewrap import find_sandbox  # noqa: E402
-from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from rlctl.sandbox.bubblewrap import find_sandbox  # noqa: E402
+from rlctl.sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination  # noqa: E402
+from rlctl.service.settings import Settings  # noqa: E402
 
 
 class _Hello(BaseHTTPRequestHandler):

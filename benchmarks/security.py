@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.datasets import Service, start_service, stop_service  # noqa: E402
-from sandbox.seccomp import ARCHES, native_arch  # noqa: E402
+from rlctl.sandbox.seccomp import ARCHES, native_arch  # noqa: E402
 from tests.datasets_api.chat_server import chat_server  # noqa: E402
 
 SECRETS = {

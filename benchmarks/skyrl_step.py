@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.trainer_step import PHASES, StepFigures, add_step_arguments, run_steps  # noqa: E402
-from supervisor.ports import free_ports  # noqa: E402
+from rlctl.supervisor.ports import free_ports  # noqa: E402
+from rlctl.trainer.backends.local import LocalBackend  # noqa: E402
+from rlctl.trainer.backends.tinker_backend import TinkerBackend  # noqa: E402
+from rlctl.trainer.config import TrainerConfig, parse_config  # noqa: E402
 from tests_skyrl.server import API_KEY, skyrl_server  # noqa: E402
-from trainer.backends.local import LocalBackend  # noqa: E402
-from trainer.backends.tinker_backend import TinkerBackend  # noqa: E402
-from trainer.config import TrainerConfig, parse_config  # noqa: E402
 
 
 def backend_config(backend: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> TrainerConfig:

@@ -35,7 +35,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from supervisor.ports import free_ports  # noqa: E402
+from rlctl.supervisor.ports import free_ports  # noqa: E402
 
 TERMINAL = ("failed", "completed", "stopped")
 ANSWERED: list[float] = []  # seconds each POST /runs took to answer (201)
@@ -169,7 +169,7 @@ class _service:
         python = self.repo / ".venv" / "bin" / "python"
         started = time.monotonic()
         self.process = subprocess.Popen(
-            [str(python), "-m", "service.cli", "serve", "--port", str(port)],
+            [str(python), "-m", "rlctl.service.cli", "serve", "--port", str(port)],
             cwd=self.repo,
             env=env,
             start_new_session=True,

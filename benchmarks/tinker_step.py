@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.ports import free_ports  # noqa: E402
+from rlctl.supervisor.ports import free_ports  # noqa: E402
+from rlctl.trainer.backends.base import TrainingBackend  # noqa: E402
+from rlctl.trainer.backends.tinker_backend import TinkerBackend  # noqa: E402
+from rlctl.trainer.config import parse_config  # noqa: E402
+from rlctl.trainer.grpo import TrainingDatum, prepare_batch  # noqa: E402
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker  # noqa: E402
-from trainer.backends.base import TrainingBackend  # noqa: E402
-from trainer.backends.tinker_backend import TinkerBackend  # noqa: E402
-from trainer.config import parse_config  # noqa: E402
-from trainer.grpo import TrainingDatum, prepare_batch  # noqa: E402
-from trainer.tiny_model import init_tiny_model  # noqa: E402
 
 GROUP_SIZE, GROUPS = 8, 4
 

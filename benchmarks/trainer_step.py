@@ -27,13 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.ports import free_ports  # noqa: E402
-from trainer.atropos import AtroposClient, Registration  # noqa: E402
-from trainer.backends.base import SamplingRequest, TrainingBackend  # noqa: E402
-from trainer.backends.local import LocalBackend  # noqa: E402
-from trainer.config import parse_config  # noqa: E402
-from trainer.loop import StepTimings, train_on_batch  # noqa: E402
-from trainer.tiny_model import init_tiny_model  # noqa: E402
+from rlctl.supervisor.ports import free_ports  # noqa: E402
+from rlctl.trainer.atropos import AtroposClient, Registration  # noqa: E402
+from rlctl.trainer.backends.base import SamplingRequest, TrainingBackend  # noqa: E402
+from rlctl.trainer.backends.local import LocalBackend  # noqa: E402
+from rlctl.trainer.config import parse_config  # noqa: E402
+from rlctl.trainer.loop import StepTimings, train_on_batch  # noqa: E402
+from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 
 PHASES = ("wait_for_batch_s", "datum_build_s", "forward_backward_s", "optimizer_s", "publish_s")
 

@@ -17,9 +17,9 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
-from environment_kit.servers import local_model_server, tiny_model_dir
-from trajectories.records import record_from_dict
-from trajectories.training import chat_messages, training_tokens
+from rlctl.environment_kit.servers import local_model_server, tiny_model_dir
+from rlctl.trajectories.records import record_from_dict
+from rlctl.trajectories.training import chat_messages, training_tokens
 
 
 class DatasetOfflineConfig(BaseEnvConfig):

@@ -24,14 +24,14 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
-from environment_kit.sampling import sample_group, scored_group
-from environment_kit.servers import local_model_server, tiny_model_dir
-from judging.client import JUDGE_KEY_ENV, CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
-from judging.groups import judge_fresh_group, weighted_scores
-from trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
-from trajectories.records import TrajectoryRecord
-from trajectories.rewards import WeightedReward, build_rewards, score_record
-from trajectories.training import record_with_completion
+from rlctl.environment_kit.sampling import sample_group, scored_group
+from rlctl.environment_kit.servers import local_model_server, tiny_model_dir
+from rlctl.judging.client import JUDGE_KEY_ENV, CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
+from rlctl.judging.groups import judge_fresh_group, weighted_scores
+from rlctl.trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
+from rlctl.trajectories.records import TrajectoryRecord
+from rlctl.trajectories.rewards import WeightedReward, build_rewards, score_record
+from rlctl.trajectories.training import record_with_completion
 
 
 class DatasetOnlineConfig(BaseEnvConfig):

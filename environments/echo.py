@@ -15,8 +15,8 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
-from environment_kit.sampling import sample_group, scored_group
-from environment_kit.servers import local_model_server, tiny_model_dir
+from rlctl.environment_kit.sampling import sample_group, scored_group
+from rlctl.environment_kit.servers import local_model_server, tiny_model_dir
 
 DIGITS = "0123456789"
 

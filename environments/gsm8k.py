@@ -18,8 +18,8 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from pydantic import Field
 
-from environment_kit.sampling import sample_group, scored_group
-from environment_kit.servers import local_model_server
+from rlctl.environment_kit.sampling import sample_group, scored_group
+from rlctl.environment_kit.servers import local_model_server
 
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the problem step by step, then give the final answer as a number "

@@ -1,10 +1,10 @@
-"""Alembic environment: runs on the connection rlctl hands over (service/db/migrate.py)."""
+"""Alembic environment: runs on the connection rlctl hands over (rlctl/service/db/migrate.py)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from service.db.models import Base
+from rlctl.service.db.models import Base
 
 
 def run_migrations() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from service.pysource import PARSE_LOCK
-from service.settings import Settings
+from rlctl.service.pysource import PARSE_LOCK
+from rlctl.service.settings import Settings
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database, migrated_databases
 from tests.support.environment_schemas import shared_schemas
 from tests.support.live import InProcessService, in_process_service
@@ -38,7 +38,7 @@ def _parse_under_the_service_lock(*args: Any, **kwargs: Any) -> ast.AST:
 
 # pytest parses a failed test's source to show it, on the main thread, while an in-process service may be
 # parsing environment files in its request threads; unserialised, the two can crash the whole session
-# (service/pysource.py says why).
+# (rlctl/service/pysource.py says why).
 ast.parse = _parse_under_the_service_lock  # type: ignore[assignment]
 
 

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlctl.trainer.tiny_model import init_tiny_model
 from tests.trainer.pipeline import REPO_ROOT, Process, child_environment, processes, wait_for, wait_http
-from trainer.tiny_model import init_tiny_model
 
 API_KEY = "tml-skyrl-local"  # the SDK insists on the tml- prefix; SkyRL checks no key
 ENGINE_READY = "Initialized TinkerEngine"  # logged once the engine has loaded the base model

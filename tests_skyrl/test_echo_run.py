@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.support.live import live_service
 from tests.support.waiting import wait_until
 from tests_skyrl.server import API_KEY, SkyRLServer

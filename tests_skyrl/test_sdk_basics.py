@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.trainer.backends.base import Completion, SamplingRequest
+from rlctl.trainer.backends.tinker_backend import TinkerBackend
+from rlctl.trainer.config import TrainerConfig, parse_config
+from rlctl.trainer.grpo import TrainingDatum
 from tests_skyrl.server import API_KEY, SkyRLServer
-from trainer.backends.base import Completion, SamplingRequest
-from trainer.backends.tinker_backend import TinkerBackend
-from trainer.config import TrainerConfig, parse_config
-from trainer.grpo import TrainingDatum
 
 PROMPT = [1, 40, 41, 42, 43]
 LEARNING_RATE = 0.05

@@ -1,6 +1,6 @@
 """The trainer process alone against SkyRL, and again after a restart: it resumes from its last checkpoint.
 
-Real processes: `run-api` (atroposlib) and `python -m trainer` on the `tinker` backend, pointed at SkyRL. The
+Real processes: `run-api` (atroposlib) and `python -m rlctl.trainer` on the `tinker` backend, pointed at SkyRL. The
 test plays the environment: it samples each group through the trainer's inference server (so from SkyRL's
 sampler), scores it, and posts it to the API.
 """

@@ -2,7 +2,7 @@
 
 Two levels of rules:
 - **Wings** (top-level packages): each imports only the wings its row allows (`WINGS`).
-- **Layers inside `service/`**: the kernel (`SERVICE_KERNEL`) imports no domain; a domain imports the kernel, the
+- **Layers inside `rlctl/service/`**: the kernel (`SERVICE_KERNEL`) imports no domain; a domain imports the kernel, the
   layers below its own, and no other domain of its own layer (`SERVICE_LAYERS`, lowest first).
 
 Imports are read from the source (`ast`), every `import` statement wherever it stands (inside a function, under
@@ -30,6 +30,8 @@ WINGS: dict[str, set[str]] = {
     "migrations": {"service"},
 }
 FIRST_PARTY = set(WINGS)
+# the wings installed as the `rlctl` namespace (rlctl/<wing>/); environments and migrations stay beside it
+NAMESPACED = frozenset({"service", "supervisor", "sandbox", "trainer", "trajectories", "judging", "environment_kit"})
 
 # third-party modules a wing must never import, with the reason
 FORBIDDEN_THIRD_PARTY: dict[str, dict[str, str]] = {
@@ -48,7 +50,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, dict[str, str]] = {
     },
 }
 
-# The kernel of service/: modules (service/NAME.py) and packages (service/NAME/) that every domain may use and
+# The kernel of rlctl/service/: modules (service/NAME.py) and packages (service/NAME/) that every domain may use and
 # that import no domain.
 SERVICE_KERNEL = frozenset(
     {
@@ -69,7 +71,7 @@ SERVICE_KERNEL = frozenset(
         "auth",
     }
 )
-# The domains of service/, lowest first: a domain imports only the kernel and the layers below its own.
+# The domains of rlctl/service/, lowest first: a domain imports only the kernel and the layers below its own.
 SERVICE_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"environments", "jobs", "health", "monitoring", "ui"}),
     frozenset({"rewards"}),
@@ -84,8 +86,18 @@ SERVICE_LAYERS: tuple[frozenset[str], ...] = (
 KERNEL_LAYER = -1
 
 
+def wing_directory(wing: str) -> Path:
+    return REPO_ROOT / "rlctl" / wing if wing in NAMESPACED else REPO_ROOT / wing
+
+
 def python_files(wing: str) -> list[Path]:
-    return sorted((REPO_ROOT / wing).rglob("*.py"))
+    return sorted(wing_directory(wing).rglob("*.py"))
+
+
+def wing_of(module: str) -> str:
+    """The wing a module belongs to: `rlctl.trainer.loop` is the trainer's."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rlctl" and len(parts) > 1 else parts[0]
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -101,7 +113,7 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
             if node.level:
                 parent = package[: len(package) - node.level + 1]
                 base = ".".join([*parent, *([base] if base else [])])
-            if node.module is None or base in {"service"}:  # `from service import app`: each name is a module
+            if node.module is None or base in {"rlctl", "rlctl.service"}:  # `from rlctl import x`: x is a module
                 found.extend((node.lineno, f"{base}.{alias.name}".lstrip(".")) for alias in node.names)
             else:
                 found.append((node.lineno, base))
@@ -117,11 +129,11 @@ def _package_of(path: Path) -> list[str]:
 
 
 def service_unit(module: str) -> str | None:
-    """The kernel part or domain a `service.*` module belongs to; None outside service/."""
+    """The kernel part or domain a `rlctl.service.*` module belongs to; None outside rlctl/service/."""
     parts = module.split(".")
-    if parts[0] != "service":
+    if parts[:2] != ["rlctl", "service"]:
         return None
-    return parts[1] if len(parts) > 1 else "__init__"
+    return parts[2] if len(parts) > 2 else "__init__"
 
 
 def layer_of(unit: str) -> int | None:
@@ -131,7 +143,7 @@ def layer_of(unit: str) -> int | None:
 
 
 def service_edges() -> Iterator[tuple[str, str, str]]:
-    """(importing unit, imported unit, where) for every import between two units of service/."""
+    """(importing unit, imported unit, where) for every import between two units of rlctl/service/."""
     for path in python_files("service"):
         relative = path.relative_to(REPO_ROOT)
         importer = service_unit(".".join(relative.with_suffix("").parts))
@@ -147,7 +159,7 @@ def wing_violations(wing: str) -> list[str]:
     forbidden = FORBIDDEN_THIRD_PARTY.get(wing, {})
     for path in python_files(wing):
         for line, module in imported_modules(path):
-            top = module.split(".")[0]
+            top = wing_of(module)
             where = f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
             if top in FIRST_PARTY and top not in allowed:
                 problems.append(where)
@@ -157,20 +169,20 @@ def wing_violations(wing: str) -> list[str]:
 
 
 def layer_violations() -> list[str]:
-    """Every import inside service/ that goes up a layer, sideways between two domains of one layer, or from the
+    """Every import inside rlctl/service/ that goes up a layer, sideways between two domains of one layer, or from the
     kernel to a domain; and every unit that no layer names."""
     problems = []
     for importer, imported, where in service_edges():
         importer_layer, imported_layer = layer_of(importer), layer_of(imported)
         if importer_layer is None or imported_layer is None:
-            problems.append(f"{where} (a part of service/ that no layer names)")
+            problems.append(f"{where} (a part of rlctl/service/ that no layer names)")
         elif imported_layer > importer_layer or (imported_layer == importer_layer != KERNEL_LAYER):
             problems.append(where)
     return problems
 
 
 def unit_cycles() -> list[list[str]]:
-    """Import cycles between the units of service/ (kernel parts and domains), each as the units on it."""
+    """Import cycles between the units of rlctl/service/ (kernel parts and domains), each as the units on it."""
     graph: dict[str, set[str]] = {}
     for importer, imported, _ in service_edges():
         graph.setdefault(importer, set()).add(imported)

@@ -23,7 +23,7 @@ def test_service_has_no_import_cycle() -> None:
 
 
 def test_every_part_of_service_has_a_layer() -> None:
-    service = layers.REPO_ROOT / "service"
+    service = layers.wing_directory("service")
     units = {path.stem for path in service.glob("*.py")} | {
         path.name for path in service.iterdir() if (path / "__init__.py").exists()
     }
@@ -32,8 +32,8 @@ def test_every_part_of_service_has_a_layer() -> None:
 
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "bad.py"
-    module.write_text("from service.errors import NotFound\nimport fastapi\nfrom . import sibling\n")
-    assert [name for _, name in layers.imported_modules(module)] == ["service.errors", "fastapi", "sibling"]
+    module.write_text("from rlctl.service.errors import NotFound\nimport fastapi\nfrom . import sibling\n")
+    assert [name for _, name in layers.imported_modules(module)] == ["rlctl.service.errors", "fastapi", "sibling"]
 
 
 def test_the_layers_see_an_upward_import_and_a_cycle() -> None:

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from service.auth.guard import route_scope
-from service.auth.scopes import Scope, allows
-from service.auth.tokens import TokenStore
-from service.settings import Settings
-from service.tools.catalog import ALL_TOOLS
+from rlctl.service.auth.guard import route_scope
+from rlctl.service.auth.scopes import Scope, allows
+from rlctl.service.auth.tokens import TokenStore
+from rlctl.service.settings import Settings
+from rlctl.service.tools.catalog import ALL_TOOLS
 from tests.support import mcp_raw
 from tests.support.live import LiveService, live_service
 from tests.support.waiting import REQUEST_TIMEOUT, wait_until

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.auth.scopes import Scope, allows, effective, parse_scopes
-from service.auth.tokens import ENV_TOKEN_NAME, TokenFileError, TokenStore, find_token, token_hash
+from rlctl.service.auth.scopes import Scope, allows, effective, parse_scopes
+from rlctl.service.auth.tokens import ENV_TOKEN_NAME, TokenFileError, TokenStore, find_token, token_hash
 
 
 def test_each_scope_includes_the_ones_below_it() -> None:

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.support.live import live_service
 
-RLCTL = [sys.executable, "-m", "service.cli"]
+RLCTL = [sys.executable, "-m", "rlctl.service.cli"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.db import migrate
+from rlctl.service.db import migrate
 from tests.support.live import free_port
 from tests.support.tiny_model import seed_tiny_model
 from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 
 pytestmark = pytest.mark.e2e
 
-RLCTL = [sys.executable, "-m", "service.cli"]
+RLCTL = [sys.executable, "-m", "rlctl.service.cli"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

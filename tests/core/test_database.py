@@ -14,14 +14,14 @@ from sqlalchemy import Integer, String, bindparam, func, inspect, literal, selec
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.exc import IntegrityError
 
-from service.db import migrate
-from service.db.engine import Database
-from service.db.loop_reads import LoopReads
-from service.db.models import Run, RunProcess
-from service.db.plans import Read, ReadPlan
-from service.errors import Unavailable
-from service.settings import Settings
-from supervisor.ports import free_ports
+from rlctl.service.db import migrate
+from rlctl.service.db.engine import Database
+from rlctl.service.db.loop_reads import LoopReads
+from rlctl.service.db.models import Run, RunProcess
+from rlctl.service.db.plans import Read, ReadPlan
+from rlctl.service.errors import Unavailable
+from rlctl.service.settings import Settings
+from rlctl.supervisor.ports import free_ports
 from tests.support.databases import database_kinds, fresh_database
 from tests.support.live import in_process_service
 
@@ -107,7 +107,7 @@ def test_migrations_and_models_agree(db: Database) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from service.db.models import Base
+    from rlctl.service.db.models import Base
 
     migrate.upgrade(db)
     with db.engine.connect() as connection:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.environments.discovery import environment_files, resolve_environments, scan_source
+from rlctl.service.environments.discovery import environment_files, resolve_environments, scan_source
 
 
 def scans(files: dict[str, str]) -> list:

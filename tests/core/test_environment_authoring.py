@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.auth.scopes import Scope
-from service.auth.tokens import TokenStore
-from service.db.engine import Database
-from service.db.models import Run
-from service.settings import BUILTIN_ENVIRONMENTS_DIR
+from rlctl.service.auth.scopes import Scope
+from rlctl.service.auth.tokens import TokenStore
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run
+from rlctl.service.settings import BUILTIN_ENVIRONMENTS_DIR
 from tests.conftest import build_settings
 from tests.support import mcp_raw
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database

@@ -14,7 +14,7 @@ from hypothesis.stateful import Bundle, initialize
 from schemathesis.generation.stateful.state_machine import StepInput, StepOutput
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from service.app import create_app
+from rlctl.service.app import create_app
 from tests.conftest import build_settings
 from tests.support.live import LiveService, live_service
 from tests.support.waiting import scaled

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 import pytest
 import yaml
 
-from service.environments import run_config
-from service.environments.catalog import ConfigSchema, FieldSchema
-from service.errors import FieldLocked, UnknownField, ValidationFailed
-from service.settings import Settings
+from rlctl.service.environments import run_config
+from rlctl.service.environments.catalog import ConfigSchema, FieldSchema
+from rlctl.service.errors import FieldLocked, UnknownField, ValidationFailed
+from rlctl.service.settings import Settings
 
 SCHEMA = ConfigSchema(
     config_class="DemoConfig",

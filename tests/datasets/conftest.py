@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.trajectories.importing import ImportedRecord
+from rlctl.trajectories.reading import ItemError
+from rlctl.trajectories.records import TrajectoryRecord
+from rlctl.trajectories.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter
 from tests.conftest import TEST_DATA
 from tests.datasets.realdata import EXPECTED_FILES, import_file
-from trajectories.importing import ImportedRecord
-from trajectories.reading import ItemError
-from trajectories.records import TrajectoryRecord
-from trajectories.tokens import ApproximateTokenCounter, HuggingFaceTokenCounter
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trajectories.importing import ImportedRecord, import_items
-from trajectories.reading import ItemError, read_items
+from rlctl.trajectories.importing import ImportedRecord, import_items
+from rlctl.trajectories.reading import ItemError, read_items
 
 # Every data file and the format auto-detection must give it, with its record count.
 EXPECTED_FILES: dict[str, tuple[str, int]] = {

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajectories.compression import (
+from rlctl.trajectories.compression import (
     NO_SAVINGS,
     NOTHING_TO_COMPRESS,
     SUMMARIZATION_FAILED,
@@ -22,10 +22,10 @@ from trajectories.compression import (
     exchange_blocks,
     protected_turns,
 )
-from trajectories.convert import TurnBuilder
-from trajectories.records import TrajectoryRecord, Turn
-from trajectories.summarizers import ExtractiveSummarizer
-from trajectories.tokens import ApproximateTokenCounter, TokenCounter, turn_token_counts
+from rlctl.trajectories.convert import TurnBuilder
+from rlctl.trajectories.records import TrajectoryRecord, Turn
+from rlctl.trajectories.summarizers import ExtractiveSummarizer
+from rlctl.trajectories.tokens import ApproximateTokenCounter, TokenCounter, turn_token_counts
 
 COUNTER = ApproximateTokenCounter()
 

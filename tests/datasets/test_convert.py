@@ -7,10 +7,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajectories.convert import convert_openai_messages
-from trajectories.importing import ImportedRecord, import_items
-from trajectories.reading import read_items
-from trajectories.records import TrajectoryRecord, record_from_dict, record_to_dict
+from rlctl.trajectories.convert import convert_openai_messages
+from rlctl.trajectories.importing import ImportedRecord, import_items
+from rlctl.trajectories.reading import read_items
+from rlctl.trajectories.records import TrajectoryRecord, record_from_dict, record_to_dict
 
 
 def convert(messages: list[dict]) -> list[tuple[str, str]]:
@@ -146,7 +146,7 @@ def test_plain_sharegpt_export_keeps_tool_call_ids_and_names(all_real_records) -
     st.dictionaries(st.text(min_size=1, max_size=5), st.integers() | st.text(max_size=5), max_size=3),
 )
 def test_record_dict_round_trip_property(turns, metadata) -> None:
-    from trajectories.records import Turn
+    from rlctl.trajectories.records import Turn
 
     record = TrajectoryRecord(turns=tuple(Turn(role, value) for role, value in turns), metadata=metadata)
     assert record_from_dict(json.loads(json.dumps(record_to_dict(record)))) == record

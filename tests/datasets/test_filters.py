@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajectories.filters import (
+from rlctl.trajectories.filters import (
     FilterCriteria,
     FilterReport,
     drop_reasons,
@@ -12,8 +12,8 @@ from trajectories.filters import (
     is_incomplete,
     lacks_reasoning,
 )
-from trajectories.records import ToolCall, TrajectoryRecord, Turn
-from trajectories.tokens import record_token_count
+from rlctl.trajectories.records import ToolCall, TrajectoryRecord, Turn
+from rlctl.trajectories.tokens import record_token_count
 
 
 def record_calling(*names: str, declared: tuple[str, ...] | None = None) -> TrajectoryRecord:

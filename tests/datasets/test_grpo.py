@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from trajectories.grpo import (
+from rlctl.trajectories.grpo import (
     MISSING_REWARD,
     NO_PROMPT,
     TOO_SMALL,
@@ -21,8 +21,8 @@ from trajectories.grpo import (
     grpo_groups,
     prompt_text,
 )
-from trajectories.records import TrajectoryRecord, Turn, record_from_dict
-from trajectories.rewards import SourceReward, WeightedReward, scored
+from rlctl.trajectories.records import TrajectoryRecord, Turn, record_from_dict
+from rlctl.trajectories.rewards import SourceReward, WeightedReward, scored
 
 
 def sorted_pairs(records: list[TrajectoryRecord], metadata_key: str | None = None) -> list:

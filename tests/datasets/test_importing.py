@@ -9,11 +9,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rlctl.trajectories.importing import FORMATS, ImportedRecord, detect_format, import_item, import_items
+from rlctl.trajectories.reading import ItemError, RawItem, read_items
+from rlctl.trajectories.records import TrajectoryRecord
+from rlctl.trajectories.rewards import CorrectnessReward
 from tests.datasets.realdata import EXPECTED_FILES, import_file
-from trajectories.importing import FORMATS, ImportedRecord, detect_format, import_item, import_items
-from trajectories.reading import ItemError, RawItem, read_items
-from trajectories.records import TrajectoryRecord
-from trajectories.rewards import CorrectnessReward
 
 
 def only_record(outcomes: list) -> TrajectoryRecord:

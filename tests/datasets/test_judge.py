@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from trajectories.importing import ImportedRecord, import_item
-from trajectories.judge import (
+from rlctl.trajectories.importing import ImportedRecord, import_item
+from rlctl.trajectories.judge import (
     COMPLETION_RUBRIC,
     DEFAULT_RUBRIC,
     MAX_REASON_CHARS,
@@ -24,9 +24,9 @@ from trajectories.judge import (
     parse_judge_reply,
     spearman,
 )
-from trajectories.reading import RawItem
-from trajectories.records import TrajectoryRecord, Turn
-from trajectories.rewards import DecidedReward, FormatReward, Unscored, WeightedReward, scored
+from rlctl.trajectories.reading import RawItem
+from rlctl.trajectories.records import TrajectoryRecord, Turn
+from rlctl.trajectories.rewards import DecidedReward, FormatReward, Unscored, WeightedReward, scored
 
 
 def record(answer: str, completed: bool | None = None, prompt: str = "What is 2+3?") -> TrajectoryRecord:

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.trajectories.compression import CompressionConfig, CompressionStats, compress_record
+from rlctl.trajectories.filters import FilterCriteria, FilterReport, drop_reasons
+from rlctl.trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
+from rlctl.trajectories.importing import ImportedRecord, import_items
+from rlctl.trajectories.reading import ItemError, read_items
+from rlctl.trajectories.records import record_to_dict
+from rlctl.trajectories.rewards import FormatReward, SourceReward, WeightedReward, scored
+from rlctl.trajectories.stats import DatasetStats, compute_record_stats
+from rlctl.trajectories.summarizers import ExtractiveSummarizer
+from rlctl.trajectories.tokens import ApproximateTokenCounter
 from tests.datasets.realdata import EXPECTED_FILES
-from trajectories.compression import CompressionConfig, CompressionStats, compress_record
-from trajectories.filters import FilterCriteria, FilterReport, drop_reasons
-from trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, group_key, grpo_groups
-from trajectories.importing import ImportedRecord, import_items
-from trajectories.reading import ItemError, read_items
-from trajectories.records import record_to_dict
-from trajectories.rewards import FormatReward, SourceReward, WeightedReward, scored
-from trajectories.stats import DatasetStats, compute_record_stats
-from trajectories.summarizers import ExtractiveSummarizer
-from trajectories.tokens import ApproximateTokenCounter
 
 REWARDS = [WeightedReward(FormatReward()), WeightedReward(SourceReward())]
 

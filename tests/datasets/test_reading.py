@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajectories.reading import (
+from rlctl.trajectories.reading import (
     ItemError,
     RawItem,
     is_message_like,

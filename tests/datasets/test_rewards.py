@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from trajectories.records import TrajectoryRecord, Turn
-from trajectories.rewards import (
+from rlctl.trajectories.records import TrajectoryRecord, Turn
+from rlctl.trajectories.rewards import (
     CorrectnessReward,
     FormatReward,
     SourceReward,
@@ -18,7 +18,7 @@ from trajectories.rewards import (
     score_record,
     scored,
 )
-from trajectories.stats import tool_result_failed
+from rlctl.trajectories.stats import tool_result_failed
 
 
 def answered(*gpt_values: str, answer: object = None) -> TrajectoryRecord:

@@ -11,17 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajectories.convert import TurnBuilder
-from trajectories.quantiles import DistributionSummary
-from trajectories.records import ToolCall, TrajectoryRecord, Turn
-from trajectories.stats import (
+from rlctl.trajectories.convert import TurnBuilder
+from rlctl.trajectories.quantiles import DistributionSummary
+from rlctl.trajectories.records import ToolCall, TrajectoryRecord, Turn
+from rlctl.trajectories.stats import (
     DatasetStats,
     compute_record_stats,
     is_completed,
     tool_result_failed,
     tool_stats,
 )
-from trajectories.tags import render_tool_response
+from rlctl.trajectories.tags import render_tool_response
 
 
 def tool_turn(content: str, success: bool | None = None) -> Turn:

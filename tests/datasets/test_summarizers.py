@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from service.datasets.summary_client import DEFAULT_SUMMARY_MODEL, OpenAICompatibleSummarizer
-from trajectories.compression import (
+from rlctl.service.datasets.summary_client import DEFAULT_SUMMARY_MODEL, OpenAICompatibleSummarizer
+from rlctl.trajectories.compression import (
     SUMMARIZATION_FAILED,
     SUMMARY_PREFIX,
     CompressionConfig,
     compress_record,
 )
-from trajectories.summarizers import ExtractiveSummarizer, SummarizationError
-from trajectories.tokens import ApproximateTokenCounter
+from rlctl.trajectories.summarizers import ExtractiveSummarizer, SummarizationError
+from rlctl.trajectories.tokens import ApproximateTokenCounter
 
 
 class ChatServer:

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from service.datasets.errors import UnknownTokenizer
-from service.datasets.tokenizers import APPROX, load_counter, resolve_tokenizer
-from service.settings import Settings
-from trajectories.tokens import (
+from rlctl.service.datasets.errors import UnknownTokenizer
+from rlctl.service.datasets.tokenizers import APPROX, load_counter, resolve_tokenizer
+from rlctl.service.settings import Settings
+from rlctl.trajectories.tokens import (
     ApproximateTokenCounter,
     HuggingFaceTokenCounter,
     TokenCounter,

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from trainer.tiny_model import build_tokenizer
-from trajectories.records import record_from_dict
-from trajectories.training import (
+from rlctl.trainer.tiny_model import build_tokenizer
+from rlctl.trajectories.records import record_from_dict
+from rlctl.trajectories.training import (
     PROMPT_MASK,
     assistant_spans,
     chat_messages,

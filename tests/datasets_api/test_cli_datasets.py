@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.ops.cli import rlctl
 from tests.support.live import live_service
 

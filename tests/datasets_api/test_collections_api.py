@@ -13,15 +13,15 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from service.db.engine import Database
-from service.db.models import CollectionItem, Job
-from service.settings import Settings
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import CollectionItem, Job
+from rlctl.service.settings import Settings
+from rlctl.trainer.tiny_model import init_tiny_model
+from rlctl.trajectories.stats import RECORD_STATS_KEYS
 from tests.datasets_api.chat_server import chat_server
 from tests.support.endpoints import tiny_model_endpoint
 from tests.support.live import in_process_service
 from tests.support.waiting import REQUEST_TIMEOUT, wait_until
-from trainer.tiny_model import init_tiny_model
-from trajectories.stats import RECORD_STATS_KEYS
 
 PROMPTS = ["Add 2 and 3.", "Name a colour.", "Add 2 and 3.", "Spell cat.", "Add 2 and 3."] * 2  # duplicates
 COLLECTION_KEY = "sk-collection-secret-42"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.datasets_api.conftest import succeeded, wait_job
 from tests.support.live import in_process_service

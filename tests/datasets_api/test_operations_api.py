@@ -13,18 +13,18 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service.db.engine import Database
-from service.db.models import Dataset, Job
-from service.db.types import utcnow
-from service.jobs.runner import JobRunner
-from service.settings import Settings
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Dataset, Job
+from rlctl.service.db.types import utcnow
+from rlctl.service.jobs.runner import JobRunner
+from rlctl.service.settings import Settings
+from rlctl.trajectories.records import record_from_dict
+from rlctl.trajectories.stats import is_completed
+from rlctl.trajectories.tokens import ApproximateTokenCounter, record_token_count
 from tests.conftest import TEST_DATA
 from tests.datasets_api.chat_server import chat_server
 from tests.datasets_api.conftest import succeeded, upload
 from tests.support.live import Service, in_process_service
-from trajectories.records import record_from_dict
-from trajectories.stats import is_completed
-from trajectories.tokens import ApproximateTokenCounter, record_token_count
 
 LONG_FILES = (
     "nemo-gym-mini-swe-agent-2-rollouts.jsonl",

@@ -7,14 +7,14 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
+from rlctl.trajectories.importing import ImportedRecord
+from rlctl.trajectories.stats import DatasetStats, compute_record_stats
+from rlctl.trajectories.tokens import ApproximateTokenCounter
 from tests.datasets.realdata import EXPECTED_FILES, import_file
 from tests.datasets.test_importing import BATCH_RUNNER_RECORD
 from tests.datasets_api.conftest import upload, wait_job
 from tests.support.live import Service, in_process_service
-from trajectories.importing import ImportedRecord
-from trajectories.stats import DatasetStats, compute_record_stats
-from trajectories.tokens import ApproximateTokenCounter
 
 TAU = "tau-bench-gpt-4o-airline.json"
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "answer": "4"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.environments.catalog import resolve_alias
+from rlctl.service.environments.catalog import resolve_alias
 
 NAMES = {"gsm8k", "echo", "math_env_tinker"}
 

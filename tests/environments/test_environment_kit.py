@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
-from environment_kit.sampling import sample_group, scored_group
-from environment_kit.servers import LOCAL_INFERENCE_URL, local_model_server, tiny_model_dir
-from trainer.tiny_model import build_tokenizer
-from trajectories.training import reply_samples
+from rlctl.environment_kit.sampling import sample_group, scored_group
+from rlctl.environment_kit.servers import LOCAL_INFERENCE_URL, local_model_server, tiny_model_dir
+from rlctl.trainer.tiny_model import build_tokenizer
+from rlctl.trajectories.training import reply_samples
 
 MESSAGES = [{"role": "user", "content": "Echo: 12"}]
 SAMPLING = {"n": 2, "max_tokens": 4, "temperature": 1.0}

@@ -11,8 +11,8 @@ import psutil
 import pytest
 from fastapi import FastAPI
 
-from service.environments.catalog import EnvironmentCatalog
-from service.runs.tiny_model import TinyModelBuilder
+from rlctl.service.environments.catalog import EnvironmentCatalog
+from rlctl.service.runs.tiny_model import TinyModelBuilder
 from tests.conftest import build_settings
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
@@ -101,7 +101,7 @@ def test_a_stopped_service_leaves_no_warm_up_child(tmp_path: Path) -> None:
         return [
             p
             for p in psutil.Process().children(recursive=True)
-            if "service.environments.introspect" in " ".join(p.cmdline()) and "--batch" in p.cmdline()
+            if "rlctl.service.environments.introspect" in " ".join(p.cmdline()) and "--batch" in p.cmdline()
         ]
 
     with in_process_service(settings):
@@ -131,4 +131,6 @@ def test_the_tiny_model_is_built_at_start_in_a_child(tmp_path: Path) -> None:
     with in_process_service(settings, prepare=record_children) as live:
         wait_until(TinyModelBuilder.of(live.app.state.context).built, timeout=180, message="the tiny model built")
         assert (settings.tiny_model_dir / "config.json").exists()
-    assert [argv[1:3] for argv in children_run if "trainer.tiny_model" in argv] == [["-m", "trainer.tiny_model"]]
+    assert [argv[1:3] for argv in children_run if "rlctl.trainer.tiny_model" in argv] == [
+        ["-m", "rlctl.trainer.tiny_model"]
+    ]

@@ -10,11 +10,11 @@ from typing import Any
 import psutil
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
+from rlctl.trainer.tiny_model import init_tiny_model
 from tests.conftest import build_settings
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
 from tests.support.endpoints import fault_endpoint, tiny_model_endpoint
-from trainer.tiny_model import init_tiny_model
 
 SERVED_MODELS = ("tiny/model-a", "tiny/model-b")
 PLANTED_KEY = "sk-planted-inference-key-5f1e9c7d"
@@ -75,4 +75,4 @@ def no_child_left(tmp_path: Path) -> Iterator[None]:
 
 def _is_child_of_test(process: psutil.Process, marker: str) -> bool:
     command = " ".join(process.info.get("cmdline") or [])
-    return "service.inference_tests.child" in command and marker in command
+    return "rlctl.service.inference_tests.child" in command and marker in command

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from service.auth.scopes import Scope
-from service.auth.tokens import TokenStore
-from service.settings import Settings
+from rlctl.service.auth.scopes import Scope
+from rlctl.service.auth.tokens import TokenStore
+from rlctl.service.settings import Settings
 from tests.inference_tests.conftest import SERVED_MODELS
 from tests.support.live import live_service
 from tests.support.waiting import wait_until

@@ -1,5 +1,5 @@
-"""One model's child (service/inference_tests/child.py) on its own, forked as the service forks it: what it records,
-and what of atroposlib's `process` mode it leaves out."""
+"""One model's child (rlctl/service/inference_tests/child.py) on its own, forked as the service forks it: what it
+records, and what of atroposlib's `process` mode it leaves out."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from service.children import ChildRunner, process_fork_server
-from service.inference_tests.jobs import InferencePlan, child_environment, process_config
-from service.settings import Settings
+from rlctl.service.children import ChildRunner, process_fork_server
+from rlctl.service.inference_tests.jobs import InferencePlan, child_environment, process_config
+from rlctl.service.settings import Settings
 from tests.conftest import REPO_ROOT, build_settings
 from tests.inference_tests.conftest import SERVED_MODELS
 
@@ -37,7 +37,7 @@ def test_the_child_records_every_group_and_renders_no_html_page(
     )
     groups = tmp_path / "groups" / "groups.jsonl"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(process_config(plan, settings, SERVED_MODELS[0], groups)))
-    argv = [sys.executable, "-m", "service.inference_tests.child", str(plan.env_file), plan.class_name]
+    argv = [sys.executable, "-m", "rlctl.service.inference_tests.child", str(plan.env_file), plan.class_name]
     argv += [str(tmp_path / "config.yaml"), str(tmp_path / "records.jsonl")]
     done = ChildRunner(process_fork_server()).run(
         argv, env=child_environment(settings, None), cwd=tmp_path, timeout_s=240

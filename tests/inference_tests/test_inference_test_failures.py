@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from service.inference_tests import jobs
-from service.settings import Settings
+from rlctl.service.inference_tests import jobs
+from rlctl.service.settings import Settings
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.inference_tests.test_inference_tests_e2e import stored_jobs, wait_ended
 from tests.support.endpoints import GARBLED_MODEL, STALLED_MODEL
@@ -190,7 +190,11 @@ def child_processes(settings: Settings) -> list[int]:
     pids = []
     for process in psutil.process_iter(["cmdline", "status"]):
         command = " ".join(process.info.get("cmdline") or [])
-        if "service.inference_tests.child" in command and marker in command and process.info["status"] != "zombie":
+        if (
+            "rlctl.service.inference_tests.child" in command
+            and marker in command
+            and process.info["status"] != "zombie"
+        ):
             pids.append(process.pid)
     return pids
 

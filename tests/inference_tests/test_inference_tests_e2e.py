@@ -15,8 +15,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service.db.models import Job
-from service.settings import Settings
+from rlctl.service.db.models import Job
+from rlctl.service.settings import Settings
 from tests.conftest import REPO_ROOT, TEST_DATA
 from tests.inference_tests.conftest import PLANTED_KEY, SERVED_MODELS
 from tests.support.live import in_process_service
@@ -146,7 +146,7 @@ def test_two_models_complete_and_an_unknown_one_fails_alone(
 
 
 def stored_jobs(settings: Settings) -> str:
-    from service.db.engine import Database
+    from rlctl.service.db.engine import Database
 
     db = Database(settings.sqlalchemy_url)
     try:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.inference_tests.conftest import SERVED_MODELS
 from tests.ops.cli import rlctl
 from tests.support.live import in_process_service, live_service

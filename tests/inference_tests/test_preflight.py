@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from service.errors import ValidationFailed
-from service.inference_tests import preflight
-from service.settings import Settings
+from rlctl.service.errors import ValidationFailed
+from rlctl.service.inference_tests import preflight
+from rlctl.service.settings import Settings
 
 
 def settings(**values: object) -> Settings:

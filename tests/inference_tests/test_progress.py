@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import cast
 
-from service.inference_tests.jobs import ProgressTracker
-from service.jobs.runner import JobHandle
+from rlctl.service.inference_tests.jobs import ProgressTracker
+from rlctl.service.jobs.runner import JobHandle
 from tests.support.waiting import wait_until
 
 # How long a write stays open for another model's write to come in. A tracker that let it in fails the test;

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
-from service.inference_tests.schemas import BASE_URL_PATTERN, CreateInferenceTestRequest
+from rlctl.service.inference_tests.schemas import BASE_URL_PATTERN, CreateInferenceTestRequest
 
 ACCEPTED = ["http://127.0.0.1:8000/v1", "https://openrouter.ai/api/v1", "http://host/a%C3%A9?x=1"]
 # U+0085 is whitespace to Python's `\s` and not to a JSON Schema regex: the pattern must not depend on either.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.inference_tests.summary import (
+from rlctl.service.inference_tests.summary import (
     ModelOutcome,
     model_result,
     percentile,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from service.jobs import runner as runner_module
-from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
-from service.settings import Settings
+from rlctl.service.jobs import runner as runner_module
+from rlctl.service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
+from rlctl.service.settings import Settings
 from tests.support.live import in_process_service
 from tests.support.waiting import scaled, wait_until
 

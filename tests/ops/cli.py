@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.support.waiting import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RLCTL = [sys.executable, "-m", "service.cli"]
+RLCTL = [sys.executable, "-m", "rlctl.service.cli"]
 
 
 def client_env(base_url: str, token: str | None = None) -> dict[str, str]:

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from service.db import migrate
-from service.db.engine import Database
-from service.db.models import Run, RunProcess
-from service.db.types import utcnow
-from service.runs.metrics import upsert_metrics
-from service.runs.paths import ROLES, RunPaths
-from service.settings import Settings
+from rlctl.service.db import migrate
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run, RunProcess
+from rlctl.service.db.types import utcnow
+from rlctl.service.runs.metrics import upsert_metrics
+from rlctl.service.runs.paths import ROLES, RunPaths
+from rlctl.service.settings import Settings
 
 
 @dataclass

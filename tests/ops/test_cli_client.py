@@ -12,9 +12,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
-from service.runs.paths import RunPaths
-from service.settings import Settings
+from rlctl.service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
+from rlctl.service.runs.paths import RunPaths
+from rlctl.service.settings import Settings
 from tests.conftest import build_settings
 from tests.ops.cli import LineCollector, rlctl, spawn, stop
 from tests.ops.seeding import SeededRun, seed_run

@@ -30,8 +30,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from service.db import migrate
-from service.settings import normalize_database_url
+from rlctl.service.db import migrate
+from rlctl.service.settings import normalize_database_url
 from tests.ops.deployfiles import (
     REPO_ROOT,
     container_environment,

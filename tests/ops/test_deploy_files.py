@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from service.cli import build_parser, cmd_db_upgrade, cmd_serve
-from service.settings import SECRET_ENV_NAMES, Settings
-from tests.architecture.layers import WINGS
+from rlctl.service.cli import build_parser, cmd_db_upgrade, cmd_serve
+from rlctl.service.settings import SECRET_ENV_NAMES, Settings
+from tests.architecture.layers import WINGS, wing_directory
 from tests.ops.deployfiles import (
     REPO_ROOT,
     container_environment,
@@ -32,7 +32,7 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 # The service's packages and what it reads beside them at run time: every wing of the import rules
 # (environments and migrations among them), and the project file.
-RUNTIME_TREES = {*WINGS, "pyproject.toml"}
+RUNTIME_TREES = {wing_directory(wing).relative_to(REPO_ROOT).parts[0] for wing in WINGS} | {"pyproject.toml"}
 # Variables of other programs that these files may set (Python's, PostgreSQL's image, the tinker SDK's).
 FOREIGN_VARIABLES = {"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TINKER_BASE_URL"}
 POSTGRES_IMAGE_VARIABLES = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
@@ -190,7 +190,7 @@ def test_the_example_env_file_alone_does_not_expose_the_service(tmp_path: Path) 
     env.update(RLCTL_DATA_DIR=str(tmp_path), RLCTL_DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite'}")
     serve = rlctl_invocations(service["command"])[-1]
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", *serve],
+        [sys.executable, "-m", "rlctl.service.cli", *serve],
         env={**env, "PATH": os.environ["PATH"]},  # the image's PATH names its venv; this runs the checkout's
         cwd=REPO_ROOT,
         capture_output=True,

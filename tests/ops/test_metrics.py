@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
-from service.settings import Settings
+from rlctl.service.jobs.runner import JobFailed, JobHandle, JobKind, JobRunner
+from rlctl.service.settings import Settings
 from tests.conftest import build_settings
 from tests.ops.seeding import SeededRun, seed_run
 from tests.support.live import in_process_service

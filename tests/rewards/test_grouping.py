@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from service.rewards import grouping
-from service.rewards.grouping import record_at, records_with_offsets, sorted_group_keys
-from trajectories.grpo import group_key
-from trajectories.records import TrajectoryRecord, Turn, record_to_dict
+from rlctl.service.rewards import grouping
+from rlctl.service.rewards.grouping import record_at, records_with_offsets, sorted_group_keys
+from rlctl.trajectories.grpo import group_key
+from rlctl.trajectories.records import TrajectoryRecord, Turn, record_to_dict
 
 
 def record(prompt: str | None, answer: str) -> TrajectoryRecord:

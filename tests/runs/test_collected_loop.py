@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from rlctl.trainer.tiny_model import init_tiny_model
 from tests.datasets_api.conftest import succeeded
 from tests.runs.conftest import wait_for_status
 from tests.runs.test_dataset_runs import error_of
 from tests.support.live import in_process_service
 from tests.support.served_model import echo_collection, served_model
 from tests.support.waiting import wait_until
-from trainer.tiny_model import init_tiny_model
 
 PROMPTS = 16
 SAMPLES = 8  # answers per prompt: a group for GRPO

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.runs.conftest import wait_for_status
 from tests.runs.test_dataset_runs import echo_records, error_of, start, upload_records

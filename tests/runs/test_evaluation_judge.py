@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from service.evaluations.jobs import score_and_compare, upgraded_params
-from service.evaluations.schemas import EvaluationJudge, ModelResult
-from service.runs.datasets import HELD_OUT, split_path
-from service.runs.paths import RunPaths
-from service.settings import Settings
+from rlctl.service.evaluations.jobs import score_and_compare, upgraded_params
+from rlctl.service.evaluations.schemas import EvaluationJudge, EvaluationModelResult
+from rlctl.service.runs.datasets import HELD_OUT, split_path
+from rlctl.service.runs.paths import RunPaths
+from rlctl.service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.datasets_api.test_judge_api import TRAJECTORY, rule_judge
 from tests.ops.seeding import SeededRun, seed_run
@@ -60,7 +60,8 @@ def evaluable_run(
 
 
 def samples_file(path: Path, samples: dict[str, list[list[str]]]) -> Path:
-    """The sampler's output (trainer/evaluate.py): a line per completion, a prompt's samples of a model together."""
+    """The sampler's output (rlctl/trainer/evaluate.py): a line per completion, a prompt's samples of a model
+    together."""
     lines = [
         {"model": model, "prompt_index": index, "sample": number, "text": text}
         for model, per_prompt in samples.items()
@@ -101,7 +102,7 @@ def test_each_models_prompt_is_one_judge_group_and_a_failed_group_is_left_out(
     assert set(judge.authorizations) == {f"Bearer {JUDGE_KEY}"} and {r["model"] for r in judge.requests} == {
         "rule-judge"
     }
-    base, trained = (ModelResult.model_validate(m) for m in result["models"])
+    base, trained = (EvaluationModelResult.model_validate(m) for m in result["models"])
     # reward = 2 × judge (0.9 for a 5, else 0.1) + correctness (2.0 with the digit 5); base: (1.0 + 0.2 + 2.0) / 3
     assert base.mean_reward == pytest.approx(3.2 / 3) and (base.samples, base.unscored_prompts) == (6, 0)
     # step_3's third prompt is left out, not 0: (2.8 + 3.8) / 2, compared with the base on the first two prompts

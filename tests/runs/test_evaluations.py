@@ -3,7 +3,7 @@ docs/EVALUATIONS.md#the-proof-in-the-test-suite)."""
 
 from __future__ import annotations
 
-from service.evaluations.stats import compare, prompt_means
+from rlctl.service.evaluations.stats import compare, prompt_means
 
 
 def test_bootstrap_comparison_is_paired_by_prompt() -> None:

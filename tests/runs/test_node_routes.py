@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 from sqlalchemy import update
 
-from service.db.engine import Database
-from service.db.models import Run
-from service.runs.node import BAD_SECRET, secret_hash
-from service.settings import Settings
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run
+from rlctl.service.runs.node import BAD_SECRET, secret_hash
+from rlctl.service.settings import Settings
 from tests.ops.seeding import SeededRun, seed_run
 from tests.support.live import in_process_service
 

@@ -1,4 +1,4 @@
-"""A run's trainer state, read back as the trainer replaces it (trainer/outputs.py: a temp file, then a rename)."""
+"""A run's trainer state, read back as the trainer replaces it (rlctl/trainer/outputs.py: a temp file, a rename)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from service.runs.paths import RunPaths
+from rlctl.service.runs.paths import RunPaths
 
 
 def _replace(path: Path, state: object) -> None:

@@ -16,16 +16,16 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from service.app import create_app
-from service.context import replica_identity
-from service.db.engine import Database
-from service.db.models import Run, RunProcess
-from service.runs import admission
-from service.runs.manager import ExecutorUnavailable
-from service.settings import Settings
-from supervisor.executor import NO_RESOURCES, Resources, Usage
-from supervisor.local import Host, LocalExecutor, available_memory_gb
-from supervisor.start_time import start_time_of
+from rlctl.service.app import create_app
+from rlctl.service.context import replica_identity
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run, RunProcess
+from rlctl.service.runs import admission
+from rlctl.service.runs.manager import ExecutorUnavailable
+from rlctl.service.settings import Settings
+from rlctl.supervisor.executor import NO_RESOURCES, Resources, Usage
+from rlctl.supervisor.local import Host, LocalExecutor, available_memory_gb
+from rlctl.supervisor.start_time import start_time_of
 from tests.runs.conftest import wait_for_status
 from tests.support.live import Service, in_process_service
 from tests.support.reaper import process_alive
@@ -312,8 +312,8 @@ def test_bad_resources_are_refused_and_change_nothing(service: Service, extra: d
 
 
 def test_defaults_per_backend_are_written_once() -> None:
-    from service.runs.resources import default_resources
-    from service.settings import Backend
+    from rlctl.service.runs.resources import default_resources
+    from rlctl.service.settings import Backend
 
     assert default_resources(Backend.LOCAL, has_gpus=True) == Resources(1.0, 1, 1.0)
     assert default_resources(Backend.LOCAL, has_gpus=False) == Resources(1.0, 0, 1.0)

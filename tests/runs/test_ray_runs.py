@@ -24,7 +24,7 @@ import psutil
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.conftest import build_settings
 from tests.runs.conftest import FAST_LOCAL, wait_for_status
 from tests.support.databases import MigratedDatabases, fresh_database
@@ -188,7 +188,9 @@ def gpu_run_stopped_during_start_up(
     starting = trainer_started(client, gpu_run["id"])
     trainer = pid_of(starting, "trainer") or 0
     assert visible_devices(trainer) == "0", "the trainer does not see Ray's GPU"
-    assert "supervisor.forkserver" in psutil.Process(trainer).parent().cmdline(), "forked from the run's fork server"
+    assert "rlctl.supervisor.forkserver" in psutil.Process(trainer).parent().cmdline(), (
+        "forked from the run's fork server"
+    )
     stopped_during_start_up(client, jobs, gpu_run["id"])
     wait_for_status(client, beside["id"], {"stopped"}, timeout=60)
     # Placed once the others freed the nodes, the cancelled job ends at once: its node gets no plan.
@@ -294,8 +296,8 @@ def restart_re_attaches_then_a_stop(
 
 
 def last_step(settings: Settings, run_id: str) -> int | None:
-    from service.db.engine import Database
-    from service.db.models import Run
+    from rlctl.service.db.engine import Database
+    from rlctl.service.db.models import Run
 
     db = Database(settings.sqlalchemy_url)
     try:

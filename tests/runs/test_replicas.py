@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from service.db.engine import Database
-from service.db.models import Run, RunProcess
-from service.runs.manager import RunManager
-from service.settings import Settings
-from supervisor.start_time import start_time_of
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run, RunProcess
+from rlctl.service.runs.manager import RunManager
+from rlctl.service.settings import Settings
+from rlctl.supervisor.start_time import start_time_of
 from tests.runs.conftest import wait_for_status
 from tests.support.live import in_process_service
 from tests.support.reaper import process_alive

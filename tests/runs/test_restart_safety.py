@@ -13,8 +13,8 @@ import psutil
 import pytest
 from sqlalchemy import update
 
-from service.db.engine import Database
-from service.db.models import RunProcess
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import RunProcess
 from tests.runs.conftest import service_environment, wait_for_status
 from tests.support.reaper import process_alive
 from tests.support.service_process import ServiceProcess

@@ -6,9 +6,9 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from service.auth.scopes import Scope
-from service.auth.tokens import TokenStore
-from service.settings import BUILTIN_ENVIRONMENTS_DIR
+from rlctl.service.auth.scopes import Scope
+from rlctl.service.auth.tokens import TokenStore
+from rlctl.service.settings import BUILTIN_ENVIRONMENTS_DIR
 from tests.support.live import live_service
 
 

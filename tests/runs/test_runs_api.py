@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from service.db.engine import Database
-from service.db.models import Run, RunMetric, RunProcess
-from service.runs.metrics import upsert_metrics
-from service.runs.paths import RunPaths
-from service.runs.schemas import RunSummary
-from service.settings import Settings
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run, RunMetric, RunProcess
+from rlctl.service.runs.metrics import upsert_metrics
+from rlctl.service.runs.paths import RunPaths
+from rlctl.service.runs.schemas import RunSummary
+from rlctl.service.settings import Settings
 from tests.runs.conftest import wait_for_status
 from tests.support.live import Service, in_process_service
 from tests.support.waiting import wait_until
@@ -113,7 +113,7 @@ def test_listing_filters_and_pages_newest_first(service: Service, database_url: 
 
 
 def test_a_listed_run_reads_exactly_as_its_record(service: Service, database_url: str) -> None:
-    """A listing's JSON is written by the database (service/db/json_sql.py), a record's by pydantic: each run must
+    """A listing's JSON is written by the database (rlctl/service/db/json_sql.py), a record's by pydantic: each run must
     read the same in both, key for key in the model's order, with the same datetime text."""
     moment = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)  # no fraction of a second: pydantic writes none
     bare = Run(id="bare", environment="echo", backend="local", status="completed", created_at=moment, config={})
@@ -283,7 +283,7 @@ def test_a_run_without_progress_is_flagged_stalled(run_settings: Callable[..., S
 
 
 def test_metrics_are_upserted_by_run_name_and_step_the_later_value_winning(database_url: str) -> None:
-    """Ingestion's upsert (service.runs.metrics) on both engines: more rows than one batch of VALUES, a value
+    """Ingestion's upsert (rlctl.service.runs.metrics) on both engines: more rows than one batch of VALUES, a value
     logged twice in one call, and a step stored earlier written again."""
     add_runs(database_url, make_run("u1"), make_run("u2"))
     first = [(f"m/{index}", step, float(step)) for step in range(60) for index in range(40)]  # 2,400 rows

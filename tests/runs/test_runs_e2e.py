@@ -159,7 +159,7 @@ def wait_for_status_any(client: httpx.Client, run_id: str, statuses: set[str], t
 def _dump_database(url: str) -> str:
     from sqlalchemy import MetaData, select
 
-    from service.db.engine import Database
+    from rlctl.service.db.engine import Database
 
     db = Database(url)
     metadata = MetaData()

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import event, func, select
 
-from service.db.engine import Database
-from service.db.models import Run, StatusCheck
-from service.errors import RateLimited
-from service.runs.service import check_status
-from service.settings import Settings
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run, StatusCheck
+from rlctl.service.errors import RateLimited
+from rlctl.service.runs.service import check_status
+from rlctl.service.settings import Settings
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
 

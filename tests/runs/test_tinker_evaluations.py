@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
+from rlctl.trainer.backends.tinker_backend import TinkerBackend
+from rlctl.trainer.config import parse_config
+from rlctl.trainer.tiny_model import build_tokenizer
 from tests.datasets_api.chat_server import chat_server
 from tests.datasets_api.test_judge_api import TRAJECTORY, rule_judge
 from tests.runs.test_evaluation_judge import evaluable_run
 from tests.support.live import free_port, in_process_service
 from tests.support.waiting import wait_until
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker
-from trainer.backends.tinker_backend import TinkerBackend
-from trainer.config import parse_config
-from trainer.tiny_model import build_tokenizer
 
 TINKER_KEY = "tml-eval-tinker-secret-4471"  # the SDK insists on the tml- prefix; the stand-in records each key
 SETUP_KEY = "tml-test-setup"  # the key this test saves the checkpoint with, so the service's own is told apart

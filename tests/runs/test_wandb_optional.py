@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.runs.wandb import Probe, WandbMode, plan_wandb, probe_wandb
+from rlctl.service.runs.wandb import Probe, WandbMode, plan_wandb, probe_wandb
 from tests.runs.conftest import wait_for_status
 from tests.support.live import live_service
 from tests.support.wandb_standin import WandbStandin, refusing_url
@@ -80,7 +80,7 @@ def test_the_mode_follows_the_server_and_the_check() -> None:
 
 
 def probe_wandb_result(outcome: Probe):  # type: ignore[no-untyped-def]
-    from service.runs.wandb import ProbeResult
+    from rlctl.service.runs.wandb import ProbeResult
 
     return ProbeResult(outcome, "detail")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.errors import DestinationError
-from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
+from rlctl.sandbox.errors import DestinationError
+from rlctl.sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
 
 
 def test_destinations_are_checked_with_stable_codes() -> None:

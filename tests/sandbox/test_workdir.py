@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.errors import SandboxError, WorkDirRefusal
-from sandbox.workdir import WorkDir
+from rlctl.sandbox.errors import SandboxError, WorkDirRefusal
+from rlctl.sandbox.workdir import WorkDir
 
 
 def test_files_are_read_and_written_inside_and_refusals_are_the_wings_errors(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from sandbox.bubblewrap import Sandbox, find_sandbox
-from service.settings import Settings
+from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox
+from rlctl.service.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -18,15 +18,15 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from service.collections.service import chat_api_key
-from service.datasets.uploads import MAX_ITEM_BYTES
-from service.inference_tests.summary import result_file_stem
-from service.observability import SecretScrubber
-from service.settings import Settings
+from rlctl.service.collections.service import chat_api_key
+from rlctl.service.datasets.uploads import MAX_ITEM_BYTES
+from rlctl.service.inference_tests.summary import result_file_stem
+from rlctl.service.observability import SecretScrubber
+from rlctl.service.settings import Settings
+from rlctl.trajectories.reading import MAX_NESTING
 from tests.support.live import LiveService, live_service
 from tests.support.service_process import service_process
 from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
-from trajectories.reading import MAX_NESTING
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 

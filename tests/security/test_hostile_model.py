@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandbox.bubblewrap import Sandbox
-from service.collections.agent import MAX_REPLY_CHARS, MAX_RESPONSE_BYTES
-from service.settings import Settings
+from rlctl.sandbox.bubblewrap import Sandbox
+from rlctl.service.collections.agent import MAX_REPLY_CHARS, MAX_RESPONSE_BYTES
+from rlctl.service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.live import live_service
 from tests.support.reaper import processes_named

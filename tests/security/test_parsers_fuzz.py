@@ -9,9 +9,9 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.datasets.uploads import upload_items
-from trajectories import tags
-from trajectories.reading import ItemError, ItemTooLarge, RawItem, read_items
+from rlctl.service.datasets.uploads import upload_items
+from rlctl.trajectories import tags
+from rlctl.trajectories.reading import ItemError, ItemTooLarge, RawItem, read_items
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>",

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import errors as sandbox_errors
-from sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
-from service.collections.agent_tools import TOOL_NAMES, Toolbox
-from service.collections.service import require_terminal_sandbox
-from service.datasets.errors import SandboxUnavailable
+from rlctl.sandbox import errors as sandbox_errors
+from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
+from rlctl.service.collections.agent_tools import TOOL_NAMES, Toolbox
+from rlctl.service.collections.service import require_terminal_sandbox
+from rlctl.service.datasets.errors import SandboxUnavailable
 from tests.support.reaper import processes_named
 from tests.support.waiting import wait_until
 
@@ -141,7 +141,7 @@ def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Pa
 def test_a_sandbox_that_cannot_have_a_network_is_refused_with_the_same_answer(
     sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("sandbox.bubblewrap.relay_python", lambda: None)
+    monkeypatch.setattr("rlctl.sandbox.bubblewrap.relay_python", lambda: None)
     with pytest.raises(sandbox_errors.NetworkUnavailable):
         require_sandbox(sandbox.bwrap, 65534, network=True)
     with pytest.raises(SandboxUnavailable) as refused:

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from sandbox.bubblewrap import Sandbox
-from sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
-from sandbox.seccomp import native_arch
-from service.collections.agent_tools import TOOL_NAMES, Toolbox
-from service.settings import Settings
+from rlctl.sandbox.bubblewrap import Sandbox
+from rlctl.sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
+from rlctl.sandbox.seccomp import native_arch
+from rlctl.service.collections.agent_tools import TOOL_NAMES, Toolbox
+from rlctl.service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until

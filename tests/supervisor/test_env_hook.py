@@ -1,5 +1,5 @@
-"""The environment hook (supervisor/envhooks/sitecustomize.py) against the real Atropos API: an environment started
-beside its trainer registers once the trainer has, and atroposlib is never told to wait (it would sleep a second
+"""The environment hook (rlctl/supervisor/envhooks/sitecustomize.py) against the real Atropos API: an environment
+started beside its trainer registers once the trainer has, and atroposlib is never told to wait (it would sleep a second
 before it asked again) (docs/RUNS.md#process-order)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import httpx
 import pytest
 from atroposlib.envs.base import BaseEnv
 
-from supervisor.envhooks import sitecustomize as hook
+from rlctl.supervisor.envhooks import sitecustomize as hook
+from rlctl.trainer.atropos import AtroposClient, Registration
 from tests.support.live import free_port
 from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 from tests.trainer.pipeline import child_environment, processes, wait_http
-from trainer.atropos import AtroposClient, Registration
 
 
 class Environment:

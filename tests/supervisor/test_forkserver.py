@@ -1,4 +1,4 @@
-"""The fork server (supervisor/forkserver.py): a forked process is what its command line would have started, its
+"""The fork server (rlctl/supervisor/forkserver.py): a forked process is what its command line would have started, its
 exit is recorded where the supervisor reads it (also after a restart), and the server ends with its service."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import IO
 import psutil
 import pytest
 
-from service.children import ChildRunner, process_fork_server
-from supervisor.forkserver import ForkServer, LaunchRequest, exit_path, runnable
-from supervisor.process import ExitStatus, Liveness, ProcessIdentity, ProcessSpec, SupervisedProcess
+from rlctl.service.children import ChildRunner, process_fork_server
+from rlctl.supervisor.forkserver import ForkServer, LaunchRequest, exit_path, runnable
+from rlctl.supervisor.process import ExitStatus, Liveness, ProcessIdentity, ProcessSpec, SupervisedProcess
 from tests.support.reaper import process_alive
 from tests.support.waiting import scaled, wait_until
 
@@ -170,7 +170,7 @@ def test_a_preload_function_runs_once_in_the_server_and_its_work_is_inherited(tm
 
 
 def test_run_processes_are_forked_from_a_server_that_preloaded_everything(tmp_path: Path) -> None:
-    """The service's own server (RUN_PRELOAD): every entry loads, what `trainer.backends.local:warm_up` built
+    """The service's own server (RUN_PRELOAD): every entry loads, what `rlctl.trainer.backends.local:warm_up` built
     (transformers' table of checkpoint conversions) is there in a fork before it loads any model, and the fork's
     garbage collector leaves what it inherited alone."""
     server = process_fork_server()
@@ -303,12 +303,12 @@ def test_a_child_spoken_to_over_pipes_is_forked_and_ended_by_its_close(tmp_path:
 
 
 # A node-side supervisor in miniature: a server that dies with this process, and a process forked from it that must
-# die with its supervisor (supervisor/node.py).
+# die with its supervisor (rlctl/supervisor/node.py).
 DYING_PARENT = """
 import os, sys
 from pathlib import Path
-from supervisor.forkserver import ForkServer
-from supervisor.process import ProcessSpec, SupervisedProcess
+from rlctl.supervisor.forkserver import ForkServer
+from rlctl.supervisor.process import ProcessSpec, SupervisedProcess
 server = ForkServer(["json"], dict(os.environ), die_with_parent=True)
 tmp = Path(sys.argv[1])
 spec = ProcessSpec(role="sleeper", argv=[sys.executable, str(tmp / "sleeper.py")], env=dict(os.environ), cwd=tmp,

@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from service.runs.resources import default_resources
-from service.settings import Backend
-from supervisor.executor import NO_RESOURCES, ProcessRecord, Resources, Usage
-from supervisor.local import (
+from rlctl.service.runs.resources import default_resources
+from rlctl.service.settings import Backend
+from rlctl.supervisor.executor import NO_RESOURCES, ProcessRecord, Resources, Usage
+from rlctl.supervisor.local import (
     GpuPool,
     Host,
     LocalExecutor,
@@ -26,10 +26,10 @@ from supervisor.local import (
     host_gpu_ids,
     parse_gpu_handle,
 )
-from supervisor.node import NodeLayout, assigned_gpus
-from supervisor.node import process_specs as node_process_specs
-from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
-from supervisor.run import TRAINER, Outcome, RunPlan
+from rlctl.supervisor.node import NodeLayout, assigned_gpus
+from rlctl.supervisor.node import process_specs as node_process_specs
+from rlctl.supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
+from rlctl.supervisor.run import TRAINER, Outcome, RunPlan
 from tests.support.waiting import scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -217,7 +217,7 @@ def test_a_ray_run_hands_its_processes_the_gpus_ray_assigned_to_its_job(
 
     entry = {
         "role": TRAINER,
-        "argv": ["@RLCTL_PYTHON@", "-m", "trainer"],
+        "argv": ["@RLCTL_PYTHON@", "-m", "rlctl.trainer"],
         "env": {"CUDA_VISIBLE_DEVICES": "7", "PYTHONUNBUFFERED": "1"},  # whatever the plan says, Ray decides
         "cwd": "@RLCTL_REPO@",
         "log_path": "@RLCTL_DATA@/trainer.log",

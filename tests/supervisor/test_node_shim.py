@@ -2,7 +2,7 @@
 asks for a stop; the pipe's end without one means Ray lost the job; its end after one is the stop going on (Ray
 SIGKILLs an entrypoint whose stop outlasts RAY_JOB_STOP_WAIT_TIME_S) and loses nothing.
 
-Real pipes and a real thread, as in `python -m supervisor.node`."""
+Real pipes and a real thread, as in `python -m rlctl.supervisor.node`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.node import _watch_shim
+from rlctl.supervisor.node import _watch_shim
 
 
 class Shim:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.process import (
+from rlctl.supervisor.process import (
     ExitStatus,
     Liveness,
     ProcessIdentity,
@@ -22,7 +22,7 @@ from supervisor.process import (
     identity_liveness,
     live_group_members,
 )
-from supervisor.start_time import start_time_of
+from rlctl.supervisor.start_time import start_time_of
 from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

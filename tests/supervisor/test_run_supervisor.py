@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.ports import free_ports
-from supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
-from supervisor.readiness import http_answers
-from supervisor.run import API, ENV, TRAINER, Outcome, RunPlan, RunSupervisor
+from rlctl.supervisor.ports import free_ports
+from rlctl.supervisor.process import ExitStatus, ProcessSpec, SupervisedProcess
+from rlctl.supervisor.readiness import http_answers
+from rlctl.supervisor.run import API, ENV, TRAINER, Outcome, RunPlan, RunSupervisor
 from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -264,7 +264,7 @@ def at_once(spec: ProcessSpec, after: tuple[str, ...] = ()) -> ProcessSpec:
 
 
 def test_processes_that_wait_for_nothing_are_spawned_at_once(tmp_path: Path, supervisors: list) -> None:
-    """A run's plan (service/runs/launch.py) spawns all three at once: the trainer and the environment are spawned
+    """A run's plan (rlctl/service/runs/launch.py) spawns all three at once: the trainer and the environment are spawned
     while the API is still not ready (in the one-after-another order they could not be), and the run is not
     running before every process is ready. (test_a_probe_waits_for_the_roles_it_names sees such a run reach
     running.) No clock is read: on a loaded machine a process's start can take seconds."""

@@ -22,9 +22,9 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from service.db import migrate
-from service.db.engine import Database
-from service.settings import normalize_database_url
+from rlctl.service.db import migrate
+from rlctl.service.db.engine import Database
+from rlctl.service.settings import normalize_database_url
 
 POSTGRES_URL_VARIABLE = "RLCTL_TEST_POSTGRES_URL"
 

@@ -14,11 +14,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from rlctl.trainer.backends.local import LocalBackend
+from rlctl.trainer.config import parse_config
+from rlctl.trainer.inference_server import InferenceServer, create_app
 from tests.support.live import free_port
 from tests.support.waiting import wait_until
-from trainer.backends.local import LocalBackend
-from trainer.config import parse_config
-from trainer.inference_server import InferenceServer, create_app
 
 STALLED_MODEL = "faults/never-answers"
 GARBLED_MODEL = "faults/answers-garbage"

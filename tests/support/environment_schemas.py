@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from service.environments.catalog import ConfigSchema, EnvironmentCatalog, _directory_signature
-from service.environments.discovery import EnvironmentInfo
+from rlctl.service.environments.catalog import ConfigSchema, EnvironmentCatalog, _directory_signature
+from rlctl.service.environments.discovery import EnvironmentInfo
 
 _schemas: dict[tuple[Any, ...], ConfigSchema] = {}
 _lock = threading.Lock()

@@ -16,9 +16,9 @@ from anyio.from_thread import BlockingPortal
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
-from supervisor.ports import free_ports
+from rlctl.service.app import create_app
+from rlctl.service.settings import Settings
+from rlctl.supervisor.ports import free_ports
 from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
 
 # How long one request may take: generous, since a loaded machine is slow and a hang fails the test anyway.

@@ -7,9 +7,9 @@ from pathlib import Path
 import psutil
 from sqlalchemy import select
 
-from service.db.engine import Database
-from service.db.models import RunProcess
-from supervisor.process import Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import RunProcess
+from rlctl.supervisor.process import Liveness, ProcessIdentity, SupervisedProcess, identity_liveness
 
 
 def stop_run_processes(database_url: str) -> list[int]:

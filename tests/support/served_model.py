@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from service.children import process_fork_server
-from supervisor.ports import free_ports
-from supervisor.process import ProcessSpec, SupervisedProcess
+from rlctl.service.children import process_fork_server
+from rlctl.supervisor.ports import free_ports
+from rlctl.supervisor.process import ProcessSpec, SupervisedProcess
 from tests.support.waiting import scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def served_model(*argv: str, timeout: float = 120) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="rlctl-served-model-") as scratch:
         spec = ProcessSpec(
             role="model-server",
-            argv=[sys.executable, "-m", "service.cli", "model", "serve", *argv, "--port", str(port)],
+            argv=[sys.executable, "-m", "rlctl.service.cli", "model", "serve", *argv, "--port", str(port)],
             env=dict(os.environ),
             cwd=REPO_ROOT,
             log_path=Path(scratch) / "model-server.log",

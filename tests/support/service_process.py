@@ -38,7 +38,7 @@ class ServiceProcess:
     def start(self, timeout: float = 120) -> None:
         log = self.log_path.open("ab")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "rlctl.service.cli", "serve", "--port", str(self.port)],
             cwd=REPO_ROOT,
             env=self.environment,
             stdout=log,

@@ -12,7 +12,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from trainer.tiny_model import COMPLETE_MARKER, default_tiny_model_dir, init_tiny_model
+from rlctl.trainer.tiny_model import COMPLETE_MARKER, default_tiny_model_dir, init_tiny_model
 
 _lock = threading.Lock()
 _root: Path | None = None

@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.runs.conftest import process_database_url, run_settings  # noqa: F401
 from tests.support.live import Service, in_process_service
 

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
+from rlctl.trainer.tiny_model import init_tiny_model
 from tests.conftest import TEST_DATA
 from tests.support.endpoints import tiny_model_endpoint
 from tests.support.live import in_process_service
 from tests.support.waiting import wait_until
-from trainer.tiny_model import init_tiny_model
 
 TINY_AGENT = "tiny/agent"
 

@@ -13,7 +13,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from service.settings import Settings
+from rlctl.service.settings import Settings
 from tests.support.live import live_service
 from tests.support.waiting import REQUEST_TIMEOUT
 

@@ -12,10 +12,10 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.tools.catalog import ALL_TOOLS
-from service.tools.json_schemas import admits_null
-from service.tools.registry import Tool
+from rlctl.service.app import create_app
+from rlctl.service.tools.catalog import ALL_TOOLS
+from rlctl.service.tools.json_schemas import admits_null
+from rlctl.service.tools.registry import Tool
 from tests.conftest import build_settings
 
 # The required arguments of each tool, valid in form: what a call needs besides its optional arguments.

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.db.engine import Database
-from service.db.models import Run
-from service.settings import Settings
+from rlctl.service.db.engine import Database
+from rlctl.service.db.models import Run
+from rlctl.service.settings import Settings
 from tests.support.live import Service, in_process_service
 from tests.support.waiting import wait_until
 

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import yaml
 
-from service.children import process_fork_server
-from supervisor.envhooks.sitecustomize import trainer_registered
-from supervisor.process import ProcessSpec, SupervisedProcess
+from rlctl.service.children import process_fork_server
+from rlctl.supervisor.envhooks.sitecustomize import trainer_registered
+from rlctl.supervisor.process import ProcessSpec, SupervisedProcess
 from tests.support.live import free_port
 from tests.support.waiting import scaled
 
@@ -166,7 +166,7 @@ def start_trainer(
 ) -> Process:
     return start(
         name,
-        [sys.executable, "-m", "trainer", "--config", str(config_path)],
+        [sys.executable, "-m", "rlctl.trainer", "--config", str(config_path)],
         config_path.parent / f"{name}.log",
         environment,
     )

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlctl.trainer.health import HealthRules, RunHealth
 from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics, trainer_state
-from trainer.health import HealthRules, RunHealth
 
 TOTAL_STEPS = 60
 COLLAPSE_STEPS = 2
@@ -22,7 +22,7 @@ ATTEMPT_SEEDS = (0, 1, 2, 3)
 
 
 def replayed_collapse(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What the pure rule (trainer/health.py) finds in the steps the trainer wrote: the trainer must agree."""
+    """What the pure rule (rlctl/trainer/health.py) finds in the steps the trainer wrote: the trainer must agree."""
     health = RunHealth(RULES)
     for record in records:
         found = health.observe(record["step"], record["metrics"])

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError, parse_config
-from trainer.defaults import LOCAL_DEFAULTS
+from rlctl.trainer.config import ConfigError, parse_config
+from rlctl.trainer.defaults import LOCAL_DEFAULTS
 
 
 def document(**tinker: object) -> dict:

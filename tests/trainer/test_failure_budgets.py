@@ -14,6 +14,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from rlctl.trainer.failures import SAMPLING_FAILED, TRAINING_FAILED, BudgetExhausted, FailureBudget
 from tests.support.live import free_port
 from tests.trainer.pipeline import (
     child_environment,
@@ -26,7 +27,6 @@ from tests.trainer.pipeline import (
     write_run_yaml,
 )
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker
-from trainer.failures import SAMPLING_FAILED, TRAINING_FAILED, BudgetExhausted, FailureBudget
 
 BUDGET = 5
 # The trainer checks its budget at every batch poll (0.2 s); the bound leaves room for a slow shared CPU.

@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from trainer.grpo import PROMPT_MASK, PolicyLoss, build_datum, prepare_batch, step_metrics
-from trajectories.grpo import group_advantages
+from rlctl.trainer.grpo import PROMPT_MASK, PolicyLoss, build_datum, prepare_batch, step_metrics
+from rlctl.trajectories.grpo import group_advantages
 
 
 def rollout(prompt: list[int], completion: list[int], logprobs: list[float]) -> tuple[list, list, list]:

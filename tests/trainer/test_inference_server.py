@@ -12,12 +12,12 @@ import httpx
 import openai
 import pytest
 
+from rlctl.trainer.backends.local import LocalBackend
+from rlctl.trainer.config import parse_config
+from rlctl.trainer.failures import SAMPLING_FAILED, BudgetExhausted, FailureBudget
+from rlctl.trainer.inference_server import InferenceServer, create_app
 from tests.support.live import free_port
 from tests.support.waiting import REQUEST_TIMEOUT
-from trainer.backends.local import LocalBackend
-from trainer.config import parse_config
-from trainer.failures import SAMPLING_FAILED, BudgetExhausted, FailureBudget
-from trainer.inference_server import InferenceServer, create_app
 
 ALIAS = "tiny/alias-model"
 

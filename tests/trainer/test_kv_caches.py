@@ -10,16 +10,16 @@ import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, Qwen3Config
 
-from tests.trainer.test_local_backend import chat_prompt, make_config
-from trainer.backends.kv_caches import (
+from rlctl.trainer.backends.kv_caches import (
     PaddedCache,
     RowCache,
     SharedPrefixCache,
     supports_shared_prefix,
     use_shared_prefix,
 )
-from trainer.backends.local import LocalBackend
-from trainer.backends.sampler import sampler_copy
+from rlctl.trainer.backends.local import LocalBackend
+from rlctl.trainer.backends.sampler import sampler_copy
+from tests.trainer.test_local_backend import chat_prompt, make_config
 
 
 def test_shared_prefix_is_used_only_for_plain_causal_attention() -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlctl.trainer.backends.base import SamplingRequest
+from rlctl.trainer.backends.local import LocalBackend
+from rlctl.trainer.config import TrainerConfig, parse_config
+from rlctl.trainer.grpo import TrainingDatum, build_datum
 from tests.support.waiting import wait_until
-from trainer.backends.base import SamplingRequest
-from trainer.backends.local import LocalBackend
-from trainer.config import TrainerConfig, parse_config
-from trainer.grpo import TrainingDatum, build_datum
 
 
 def make_config(tiny_model_dir: Path, run_dir: Path, **tinker: object) -> TrainerConfig:

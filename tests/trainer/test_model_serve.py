@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
+from rlctl.trainer.evaluate import backend_for
 from tests.support.served_model import served_model
 from tests.support.waiting import REQUEST_TIMEOUT
-from trainer.evaluate import backend_for
 
 
 def chat(base_url: str) -> dict:

@@ -1,10 +1,10 @@
-"""Run health (trainer/health.py): the best checkpoint by the run's metric, and collapse detection."""
+"""Run health (rlctl/trainer/health.py): the best checkpoint by the run's metric, and collapse detection."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.health import (
+from rlctl.trainer.health import (
     COMPLETION_METRIC,
     EMPTY_COMPLETIONS,
     REWARD_DROP,

@@ -23,6 +23,10 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from rlctl.trainer.backends.base import StepOutcome
+from rlctl.trainer.backends.tinker_backend import TinkerBackend
+from rlctl.trainer.config import parse_config
+from rlctl.trainer.grpo import prepare_batch
 from tests.support.live import free_port
 from tests.support.waiting import REQUEST_TIMEOUT
 from tests.trainer.pipeline import (
@@ -39,10 +43,6 @@ from tests.trainer.pipeline import (
     write_run_yaml,
 )
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
-from trainer.backends.base import StepOutcome
-from trainer.backends.tinker_backend import TinkerBackend
-from trainer.config import parse_config
-from trainer.grpo import prepare_batch
 
 pytestmark = pytest.mark.e2e
 

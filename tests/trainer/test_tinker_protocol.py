@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.live import free_port
-from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker
-from trainer.backends.tinker_protocol import (
+from rlctl.trainer.backends.tinker_protocol import (
     FINISH_SESSION_ROUTE,
     SentParameter,
     ServerDescription,
@@ -19,6 +17,8 @@ from trainer.backends.tinker_protocol import (
     describe_server,
     ignored_parameters,
 )
+from tests.support.live import free_port
+from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker
 
 
 @pytest.fixture(scope="module")

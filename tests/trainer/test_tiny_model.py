@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.tiny_model import default_tiny_model_dir, init_tiny_model
+from rlctl.trainer.tiny_model import default_tiny_model_dir, init_tiny_model
 
 
 def test_tiny_model_loads_like_any_hub_model(tiny_model_dir: Path) -> None:

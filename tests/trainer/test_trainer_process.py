@@ -1,4 +1,4 @@
-"""`python -m trainer` as a real process against the real Atropos API (`run-api`); the test plays the
+"""`python -m rlctl.trainer` as a real process against the real Atropos API (`run-api`); the test plays the
 environment's part by posting scored groups to the API, so the trainer's behaviour is checked step by step:
 metrics, waiting reports, SIGTERM, checkpoints and resume."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from trainer.outputs import WandbMirror
+from rlctl.trainer.outputs import WandbMirror
 
 
 class BrokenRun:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import supervisor
-from service.environments.introspect import load_environment_class
+import rlctl
+from rlctl.service.environments.introspect import load_environment_class
 
 # Found through the project's installed package, not beside this file: a run on Ray gets a copy of this file alone,
 # in the node's data directory (docs/RAY.md).
-_ECHO = Path(supervisor.__file__).resolve().parents[1] / "environments" / "echo.py"
+_ECHO = Path(rlctl.__file__).resolve().parents[1] / "environments" / "echo.py"
 EchoEnv = load_environment_class(_ECHO, "EchoEnv")  # a base by name: the catalog finds environments by their bases
 
 

@@ -1,0 +1,17 @@
+"""FastAPI dependencies."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from rlctl.service.context import AppContext
+
+
+async def get_context(request: Request) -> AppContext:
+    # async on purpose: FastAPI runs a plain `def` dependency in a worker thread, a hop per request for nothing.
+    return request.app.state.context
+
+
+Ctx = Annotated[AppContext, Depends(get_context)]

@@ -1,0 +1,41 @@
+"""Wires metrics and access logging into the app: one registry per app (tests run several apps at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from rlctl.service.auth.guard import READ
+from rlctl.service.context import AppContext
+from rlctl.service.monitoring.access import AccessMiddleware, HttpMetrics, RouteTemplates
+from rlctl.service.monitoring.state import DatabaseStateCollector
+
+
+def install_monitoring(app: FastAPI, context: AppContext, dependencies: Sequence[Any]) -> None:
+    """Adds /metrics (behind `dependencies`, i.e. the token) and the access middleware.
+
+    Call it after adding the body-size limit and before the request-id middleware: each `add_middleware`
+    wraps the ones before it, so requests then pass request id → access → body limit → routes.
+    """
+    registry = CollectorRegistry()
+    registry.register(DatabaseStateCollector(context.db))
+    app.state.metrics_registry = registry
+    app.include_router(_metrics_router(), dependencies=list(dependencies))
+    templates = RouteTemplates(lambda: app.openapi()["paths"])
+    app.add_middleware(AccessMiddleware, metrics=HttpMetrics(registry), templates=templates)
+
+
+def _metrics_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/metrics", include_in_schema=False, dependencies=[READ])
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text format; state gauges are read from the database now."""
+        body = await run_in_threadpool(generate_latest, request.app.state.metrics_registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return router

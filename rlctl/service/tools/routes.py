@@ -1,0 +1,64 @@
+"""HTTP routes of the agent tools: thin adapters over rlctl.service.tools.service."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Response
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from rlctl.service.auth.guard import READ, CurrentPrincipal
+from rlctl.service.auth.tokens import Principal
+from rlctl.service.deps import Ctx
+from rlctl.service.names import NAME_PATTERN, name_path
+from rlctl.service.schemas import error_responses
+from rlctl.service.tools import service
+
+router = APIRouter(prefix="/tools", tags=["tools"], responses=error_responses(401, 403))
+ToolName = Annotated[str, name_path("Tool name, as listed by GET /tools.")]
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Tool-Session",
+        pattern=NAME_PATTERN,
+        description="The agent's tool session (selected environment, pending config). Absent: a new session, "
+        "whose id comes back in the X-Tool-Session response header and the result's `tool_session`.",
+    ),
+]
+
+
+class ToolList(BaseModel):
+    tools: list[dict[str, Any]] = Field(description="OpenAI function-calling schemas (strict).")
+    count: int
+
+
+@router.get("", response_model=ToolList, summary="List the agent tools", dependencies=[READ])
+def list_tools(ctx: Ctx, principal: Annotated[Principal, CurrentPrincipal]) -> ToolList:
+    """Function-calling schemas of every tool the token may call, for an agent's `tools=` parameter."""
+    tools = service.list_tools(ctx, principal)
+    return ToolList(tools=tools, count=len(tools))
+
+
+@router.post(
+    "/{name}",
+    response_model=dict[str, Any],
+    summary="Call an agent tool",
+    responses=error_responses(404, 413, 422),
+    dependencies=[READ],
+)
+async def call_tool(
+    ctx: Ctx,
+    name: ToolName,
+    arguments: Annotated[dict[str, Any], Body(description="The tool's arguments object.")],
+    response: Response,
+    principal: Annotated[Principal, CurrentPrincipal],
+    x_tool_session: SessionHeader = None,
+) -> dict[str, Any]:
+    """Run one tool. Tool errors (bad arguments, unknown run, locked field, ...) are results with an `error`
+    field, not HTTP errors; an unknown tool name is a 404, a tool the token lacks the scope of a 403. The tool
+    session's id comes back in the X-Tool-Session header; a session created for this call also in the result's
+    `tool_session`."""
+    call = await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session, principal)
+    response.headers["X-Tool-Session"] = call.session_id
+    return {**call.result, "tool_session": call.session_id} if call.created else call.result

@@ -1,0 +1,58 @@
+"""Listing and calling tools for a tool session (the one implementation behind /tools and /mcp)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlctl.service.auth.guard import require
+from rlctl.service.auth.scopes import Scope, allows
+from rlctl.service.auth.tokens import Principal
+from rlctl.service.context import AppContext
+from rlctl.service.observability import actor_var
+from rlctl.service.tools import sessions
+from rlctl.service.tools.catalog import ALL_TOOLS, find_tool
+from rlctl.service.tools.registry import Tool, invoke
+
+
+def visible_tools(principal: Principal) -> list[Tool[Any]]:
+    """The tools this token may call: the only ones it is shown."""
+    return [tool for tool in ALL_TOOLS if tool.scope is not None and allows(principal.scopes, tool.scope)]
+
+
+def list_tools(ctx: AppContext, principal: Principal) -> list[dict[str, Any]]:
+    """The function-calling schema (strict) of every tool the token may call, described with this server's
+    settings."""
+    return [tool.openai_schema(ctx.settings) for tool in visible_tools(principal)]
+
+
+def authorize_tool(principal: Principal, name: str) -> Tool[Any]:
+    """The tool, when it exists and the token holds its scope: else ToolNotFound or InsufficientScope."""
+    tool = find_tool(name)
+    require(principal, tool.scope or Scope.ADMIN, f"the tool {name!r}")
+    return tool
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    result: dict[str, Any]
+    session_id: str  # the tool session the call ran in
+    created: bool  # a new session, because the call named none
+
+
+def call_tool(
+    ctx: AppContext,
+    name: str,
+    arguments: Any,
+    session_header: str | None,
+    principal: Principal,
+    connection: str | None = None,
+) -> ToolCall:
+    """The tool's result as a JSON object; an `error` field says it failed (never raised, but for an unknown
+    tool name or a missing scope). A call that names no session (and comes on no MCP connection) runs in a new
+    one (docs/ARCHITECTURE.md#tool-sessions)."""
+    tool = authorize_tool(principal, name)
+    actor_var.set(principal.name)  # records the tool creates name the token (this runs in a worker thread)
+    session_id, created = sessions.session_id_from(session_header, connection)
+    state = sessions.load(ctx, session_id)
+    return ToolCall(invoke(ctx, tool, state, arguments), session_id, created)

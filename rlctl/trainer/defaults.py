@@ -1,0 +1,75 @@
+"""The operator defaults of each training backend: the one home of these numbers.
+
+The control plane's settings start from them (rlctl/service/settings.py; the operator may override each one), and the
+trainer falls back on them for keys a run YAML leaves out.
+
+`tinker`: the reference's values for Qwen3-8B on the Tinker service. `local`: chosen so that an offline run on the
+`echo` environment with the tiny model learns visibly and finishes in a few minutes on 2 CPU cores: a rank-8 LoRA
+on attention, MLP and lm_head with a high learning rate, groups of 8 completions, 4 groups per batch.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class BackendDefaults(TypedDict):
+    base_model: str | None  # None: the tiny random model in the data directory, created on first use
+    learning_rate: float
+    total_steps: int
+    lora_rank: int
+    batch_size: int
+    group_size: int
+    max_token_length: int
+    max_token_trainer_length: int
+    save_checkpoint_interval: int
+    steps_per_eval: int
+    loss_fn: str  # a LOSS_FUNCTIONS name (docs/TRAINER.md#grpo-step)
+
+
+TINKER_BASE_MODEL = "Qwen/Qwen3-8B"
+TINKER_DEFAULTS: BackendDefaults = {
+    "base_model": TINKER_BASE_MODEL,
+    "learning_rate": 4e-5,
+    "total_steps": 2500,
+    "lora_rank": 32,
+    "batch_size": 128,
+    "group_size": 16,
+    "max_token_length": 8192,
+    "max_token_trainer_length": 9000,
+    "save_checkpoint_interval": 25,
+    "steps_per_eval": 25,
+    "loss_fn": "importance_sampling",
+}
+
+LOCAL_DEFAULTS: BackendDefaults = {
+    "base_model": None,
+    "learning_rate": 1e-2,
+    "total_steps": 60,
+    "lora_rank": 8,
+    "batch_size": 32,
+    "group_size": 8,
+    "max_token_length": 512,
+    "max_token_trainer_length": 1024,
+    "save_checkpoint_interval": 20,
+    "steps_per_eval": 1000,
+    # The high learning rate that makes the tiny model learn in minutes also overshoots: without a clipped
+    # ratio about one run in 25 collapsed to a policy whose every reply scored 0 (docs/TRAINER.md#grpo-step).
+    "loss_fn": "ppo",
+}
+
+# The losses both backends compute, by Tinker's names, and the PPO ratio bounds (Tinker's defaults).
+LOSS_FUNCTIONS = ("importance_sampling", "ppo")
+PPO_CLIP_LOW = 0.8
+PPO_CLIP_HIGH = 1.2
+
+# Tinker's Adam settings (docs/TRAINER.md#grpo-step); the local backend uses the same.
+ADAM_BETA1 = 0.9
+ADAM_BETA2 = 0.95
+ADAM_EPS = 1e-8
+
+# Failure budgets (docs/TRAINER.md#failure-budgets): consecutive failures, with no success between them, that end
+# the run. Sampling calls come by the hundred per step, so one bad request never counts for much; a training
+# step is one call chain, so a few in a row already say the backend is broken.
+SAMPLING_ERROR_BUDGET = 100
+TRAINING_ERROR_BUDGET = 3

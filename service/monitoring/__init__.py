@@ -1,5 +1,0 @@
-"""Operations: Prometheus metrics at /metrics and one access log line per request."""
-
-from service.monitoring.setup import install_monitoring
-
-__all__ = ["install_monitoring"]
