@@ -11,7 +11,8 @@ from rlctl.service.context import AppContext
 
 async def get_context(request: Request) -> AppContext:
     # async on purpose: FastAPI runs a plain `def` dependency in a worker thread, a hop per request for nothing.
-    return request.app.state.context
+    context: AppContext = request.app.state.context
+    return context
 
 
 Ctx = Annotated[AppContext, Depends(get_context)]

@@ -191,7 +191,7 @@ class ForkServer:
         self._answer_timeout_s = answer_timeout_s
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._ready = False  # the server behind _sock has said it is ready (its imports done)
         self._start_began = 0.0
         self._failed_start_at: float | None = None

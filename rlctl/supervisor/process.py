@@ -109,7 +109,7 @@ class SupervisedProcess:
         role: str,
         identity: ProcessIdentity,
         log_path: Path,
-        popen: subprocess.Popen | None,
+        popen: subprocess.Popen[bytes] | None,
         forked: bool = False,
     ) -> None:
         self.role = role

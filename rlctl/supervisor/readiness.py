@@ -43,7 +43,8 @@ class HttpAnswers:
     def __call__(self) -> bool:
         try:
             with urllib.request.urlopen(self.url, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - loopback only
-                return 200 <= response.status < 300
+                status: int = response.status
+                return 200 <= status < 300
         except (urllib.error.URLError, OSError, ValueError):
             return False
 

@@ -43,7 +43,9 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
         return commands.add_parser(name, help=help_text).add_subparsers(title=f"{name} commands", metavar="COMMAND")
 
     def command(subcommands: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        sub = subcommands.add_parser(name, help=help_text, parents=[common], description=help_text)
+        sub: argparse.ArgumentParser = subcommands.add_parser(
+            name, help=help_text, parents=[common], description=help_text
+        )
         sub.set_defaults(handler=_client_command(handler))
         return sub
 
@@ -332,7 +334,7 @@ def _follow_run(client: ApiClient, run_id: str, interval: float) -> dict[str, An
     seen_step, reward = None, None
     path = f"/runs/{_segment(run_id)}"
     while True:
-        run = client.get(path)
+        run: dict[str, Any] = client.get(path)
         if run["last_step"] is not None and run["last_step"] != seen_step:
             seen_step = run["last_step"]
             series = client.get(f"{path}/metrics", name="reward/mean", min_step=seen_step)["metrics"]
@@ -429,7 +431,7 @@ def jobs_cancel(client: ApiClient, args: argparse.Namespace) -> int:
 def _follow_job(client: ApiClient, job_id: str, interval: float) -> dict[str, Any]:
     progress = output.Progress()
     while True:
-        job = client.get(f"/jobs/{_segment(job_id)}")
+        job: dict[str, Any] = client.get(f"/jobs/{_segment(job_id)}")
         progress.update(f"job {job['id']} {job.get('kind', '')}: {job['status']} {output.bar(**job['progress'])}")
         if job["status"] in JOB_TERMINAL:
             progress.done()

@@ -33,9 +33,10 @@ from rlctl.service.db.models import Collection, CollectionItem, Job
 from rlctl.service.db.rows import load_row
 from rlctl.service.db.types import utcnow
 from rlctl.service.errors import InvalidState, ValidationFailed
-from rlctl.service.jobs.runner import TERMINAL, UNFINISHED, JobRunner, JobStatus
+from rlctl.service.jobs.runner import TERMINAL, UNFINISHED, JobRunner
 from rlctl.service.jobs.service import job_record
 from rlctl.service.pagination import DEFAULT_PAGE, newest_first_page
+from rlctl.service.states import JobStatus
 
 JOB_KIND = "collection_run"
 KEPT, DISCARDED, FAILED = ItemStatus.KEPT, ItemStatus.DISCARDED, ItemStatus.FAILED

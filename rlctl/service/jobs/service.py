@@ -8,9 +8,10 @@ from rlctl.service.context import AppContext
 from rlctl.service.db.models import Job
 from rlctl.service.db.rows import load_row
 from rlctl.service.errors import InvalidState, NotFound
-from rlctl.service.jobs.runner import TERMINAL, JobRunner, JobStatus
+from rlctl.service.jobs.runner import TERMINAL, JobRunner
 from rlctl.service.jobs.schemas import JobList, JobOut, JobProgress
 from rlctl.service.pagination import DEFAULT_PAGE, newest_first_page
+from rlctl.service.states import JobStatus
 
 
 class JobNotFound(NotFound):

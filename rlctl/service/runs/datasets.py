@@ -324,7 +324,8 @@ def _judge_entry(ctx: AppContext, source: DatasetSource) -> dict[str, Any]:
 
 def read_plan(run_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((dataset_dir(run_dir) / "split.json").read_text())
+        plan: dict[str, Any] = json.loads((dataset_dir(run_dir) / "split.json").read_text())
+        return plan
     except (OSError, ValueError):
         return None
 

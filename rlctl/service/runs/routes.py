@@ -18,6 +18,7 @@ from rlctl.service.names import name_path
 from rlctl.service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
 from rlctl.service.runs import node, service
 from rlctl.service.runs.manager import RunManager
+from rlctl.service.runs.paths import RunPaths
 from rlctl.service.runs.schemas import (
     CreateRunRequest,
     NodePlan,
@@ -211,7 +212,7 @@ async def get_run_log(
 
 async def _follow(ctx: AppContext, request: Request, run_id: str, role: str, first: str) -> AsyncIterator[str]:
     yield first
-    path = service.RunPaths(ctx.settings.data_path, run_id).log(role)
+    path = RunPaths(ctx.settings.data_path, run_id).log(role)
     offset = path.stat().st_size if path.exists() else 0
     pending = b""
     while not await request.is_disconnected():

@@ -15,7 +15,7 @@ ALL_TOOLS: tuple[Tool[Any], ...] = (*RL_TOOLS, *INFERENCE_TOOLS, *EVALUATION_TOO
 _BY_NAME = {tool.name: tool for tool in ALL_TOOLS}
 
 
-def find_tool(name: str) -> Tool:
+def find_tool(name: str) -> Tool[Any]:
     tool = _BY_NAME.get(name)
     if tool is None:
         raise ToolNotFound(f"no tool named {name!r}", {"available": list(_BY_NAME)})

@@ -124,7 +124,9 @@ def invoke(ctx: AppContext, tool: Tool[Any], state: SessionState, arguments: Any
     try:
         return tool.handler(ctx, state, parsed).model_dump(mode="json")
     except ServiceError as error:
-        return jsonable_encoder(error_result(error))  # details may hold any value (a locked datetime, a path)
+        # details may hold any value (a locked datetime, a path)
+        encoded: dict[str, Any] = jsonable_encoder(error_result(error))
+        return encoded
     except Exception:  # noqa: BLE001 - an agent gets a result, never a 500
         logger.exception("tool %s failed", tool.name)
         return {"error": "internal error while running the tool; see the service log", "code": "INTERNAL_ERROR"}

@@ -40,7 +40,7 @@ def _install() -> None:
     async def wandb_log(self: BaseEnv, wandb_metrics: dict[str, Any] | None = None) -> None:
         if wandb_metrics:
             _append(path, getattr(self, "curr_step", 0), wandb_metrics)
-        return await original(self, wandb_metrics)
+        await original(self, wandb_metrics)
 
     BaseEnv.wandb_log = wandb_log
     _wait_for_the_api(BaseEnv)
