@@ -29,10 +29,9 @@ def production_lines(path: Path) -> int:
 
 def lines_by_wing() -> dict[str, int]:
     counts = {wing: sum(production_lines(path) for path in layers.python_files(wing)) for wing in WINGS}
-    for unit in sorted(
-        {path.relative_to(layers.REPO_ROOT / "service").parts[0] for path in layers.python_files("service")}
-    ):
-        where = layers.REPO_ROOT / "service" / unit
+    service = layers.wing_directory("service")
+    for unit in sorted({path.relative_to(service).parts[0] for path in layers.python_files("service")}):
+        where = service / unit
         files = sorted(where.rglob("*.py")) if where.is_dir() else [where]
         counts[f"rlctl/service/{unit.removesuffix('.py')}"] = sum(production_lines(path) for path in files)
     return counts
