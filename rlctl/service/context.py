@@ -35,11 +35,6 @@ class Component:
     def of(cls, ctx: AppContext) -> Self:
         return ctx.component(cls)
 
-    @classmethod
-    def key(cls) -> type[Component]:
-        """The class that declared itself a component: a subclass (a test's) is found under its base's name."""
-        return next(klass for klass in cls.__mro__ if Component in klass.__bases__)
-
 
 @dataclass
 class AppContext:
@@ -55,10 +50,10 @@ class AppContext:
 
     def provide(self, component: Component) -> None:
         """Keep a domain's per-app object; one of each kind."""
-        self._components[component.key()] = component
+        self._components[type(component)] = component
 
     def component(self, kind: type[ComponentType]) -> ComponentType:
-        found = self._components.get(kind.key())
+        found = self._components.get(kind)
         if not isinstance(found, kind):
             raise LookupError(f"this app was built without a {kind.__name__}")
         return found
