@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from atroposlib.envs.base import APIServerConfig
+
+from rlctl.trainer.tiny_model import default_tiny_model_dir
 
 # The inference server's address in `config_init()`; a run's YAML (`openai`, written by rlctl with the run's own
 # port) and an inference test's replace the whole server entry when the environment is served.
@@ -14,7 +17,7 @@ LOCAL_INFERENCE_URL = "http://127.0.0.1:9001/v1"
 def tiny_model_dir() -> str:
     """The tiny model the local backend builds in the data directory
     (docs/ARCHITECTURE.md#data-directory-rlctl_data_dir-default-var)."""
-    return os.path.join(os.environ.get("RLCTL_DATA_DIR", "var"), "models", "tiny-qwen3")
+    return str(default_tiny_model_dir(Path(os.environ.get("RLCTL_DATA_DIR", "var"))))
 
 
 def local_model_server(model_name: str) -> APIServerConfig:
