@@ -1,80 +1,18 @@
-"""The environments' shared helpers (environment_kit): the model server config_init() names, a group's sampling
-from the run's server or a plain OpenAI endpoint, and the scored group Atropos takes."""
+"""The environments' shared helpers (environment_kit): the model server config_init() names and the scored group
+Atropos takes. A group's sampling runs against real servers where environments run: the run's inference server
+through atroposlib's managed server in every training (tests/trainer/test_echo_pipeline.py, test_gsm8k_pipeline.py),
+a plain OpenAI endpoint's text in the inference tests' child (tests/inference_tests/test_child.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
-from rlctl.environment_kit.sampling import sample_group, scored_group
+from rlctl.environment_kit.sampling import scored_group
 from rlctl.environment_kit.servers import LOCAL_INFERENCE_URL, local_model_server, tiny_model_dir
-from rlctl.trainer.tiny_model import build_tokenizer
-from rlctl.trajectories.training import reply_samples
 
 MESSAGES = [{"role": "user", "content": "Echo: 12"}]
-SAMPLING = {"n": 2, "max_tokens": 4, "temperature": 1.0}
-
-
-def completion(*replies: str | None) -> SimpleNamespace:
-    return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=reply)) for reply in replies])
-
-
-class ManagedServer:
-    """atroposlib's managed server as an environment sees it: a completion, then the nodes it tracked."""
-
-    def __init__(self, nodes: list[SimpleNamespace]) -> None:
-        self.nodes = nodes
-        self.asked: dict[str, Any] = {}
-
-    async def chat_completion(self, **asked: Any) -> SimpleNamespace:
-        self.asked = asked
-        return completion("12", None)
-
-    def get_state(self) -> dict[str, Any]:
-        return {"nodes": self.nodes}
-
-
-def test_a_group_from_the_runs_server_keeps_its_tokens_masks_and_logprobs() -> None:
-    nodes = [SimpleNamespace(tokens=[1, 2, 3], masked_tokens=[-100, 2, 3], logprobs=[1.0, -0.5, -0.25])] * 2
-    managed = ManagedServer(nodes)
-    tokenizers: list[Any] = []
-
-    @contextlib.asynccontextmanager
-    async def managed_server(tokenizer: Any) -> AsyncIterator[ManagedServer]:
-        tokenizers.append(tokenizer)
-        yield managed
-
-    tokenizer = object()
-    server = SimpleNamespace(servers=[object()], managed_server=managed_server)
-    env = SimpleNamespace(server=server, tokenizer=tokenizer)
-    samples = asyncio.run(sample_group(env, MESSAGES, **SAMPLING))  # type: ignore[arg-type]
-    assert managed.asked == {"messages": MESSAGES, **SAMPLING} and tokenizers == [tokenizer]
-    assert samples == [
-        ("12", [1, 2, 3], [-100, 2, 3], [1.0, -0.5, -0.25]),
-        ("", [1, 2, 3], [-100, 2, 3], [1.0, -0.5, -0.25]),  # a reply without content is the empty text
-    ]
-
-
-def test_a_plain_openai_endpoint_gives_its_replies_as_rollouts_of_the_tokenizer() -> None:
-    asked: dict[str, Any] = {}
-
-    async def chat_completion(**arguments: Any) -> SimpleNamespace:
-        asked.update(arguments)
-        return completion("12", "It is 12.")
-
-    tokenizer = build_tokenizer()
-    plain = OpenAIServer.__new__(OpenAIServer)  # only its type matters: text only, no tokens or logprobs
-    env = SimpleNamespace(server=SimpleNamespace(servers=[plain], chat_completion=chat_completion), tokenizer=tokenizer)
-    samples = asyncio.run(sample_group(env, MESSAGES, **SAMPLING))  # type: ignore[arg-type]
-    assert asked == {"messages": MESSAGES, **SAMPLING}
-    assert samples == reply_samples(tokenizer, MESSAGES, ["12", "It is 12."])
 
 
 def test_a_scored_group_pairs_each_rollout_with_its_score_and_conversation() -> None:
