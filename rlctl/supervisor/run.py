@@ -41,7 +41,7 @@ OutcomeStatus = Literal["completed", "stopped", "failed"]
 @dataclass(frozen=True)
 class Failure:
     # process_exited | readiness_timeout | startup_error | drain_timeout, or the kind a process reported
-    # (sampling_failed, training_failed) (docs/RUNS.md#failure-kinds)
+    # (sampling_failed, training_failed, collapsed, unsupported_batch) (docs/RUNS.md#failure-kinds)
     kind: str
     message: str
     process: str | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 SAMPLING_FAILED = "sampling_failed"
 TRAINING_FAILED = "training_failed"
 COLLAPSED = "collapsed"  # stop_on_collapse ended the run (rlctl/trainer/health.py)
+UNSUPPORTED_BATCH = "unsupported_batch"  # a group carries a field the trainer cannot honour (rlctl/trainer/grpo.py)
 
 
 class TrainingHalted(RuntimeError):

@@ -271,6 +271,8 @@ class Trainer:
                 timings,
                 self.config.normalize_advantages,
             )
+        except TrainingHalted:  # e.g. an unsupported batch: no retry could train it
+            raise
         except Exception as error:  # noqa: BLE001 - counted against the budget, which decides
             log.warning("training step %d failed: %s: %s", step, type(error).__name__, error)
             self.training_budget.failure(error)

@@ -71,7 +71,7 @@ class TrainerState:
     waiting_for_rollouts_s: float | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)  # BackendWarning records, each once per run
     error: str | None = None
-    failure_kind: str | None = None  # sampling_failed, training_failed, collapsed (docs/TRAINER.md), else None
+    failure_kind: str | None = None  # the kind the trainer failed with (docs/RUNS.md#failure-kinds), else None
     best_checkpoint: dict[str, Any] | None = None  # the checkpoint with the best value of the run's metric
     collapse: dict[str, Any] | None = None  # set once a collapse is detected (rlctl/trainer/health.py)
     health: dict[str, Any] | None = None  # RunHealth's state, for a resume

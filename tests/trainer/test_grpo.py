@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from rlctl.trainer.grpo import PROMPT_MASK, PolicyLoss, build_datum, prepare_batch, step_metrics
+from rlctl.trainer.grpo import PROMPT_MASK, PolicyLoss, UnsupportedBatch, build_datum, prepare_batch, step_metrics
 from rlctl.trajectories.grpo import group_advantages
 
 
@@ -124,3 +124,45 @@ def test_summed_loss_covers_every_target_token() -> None:
     current = [[0.0, -1.0 + math.log(2.0), -1.0]]  # ratios 1 (prompt, advantage 0), 2 and 1
     assert PolicyLoss("importance_sampling").summed([datum], current) == pytest.approx(-3.0)
     assert PolicyLoss("ppo").summed([datum], current) == pytest.approx(-2.2)
+
+
+def test_per_token_advantages_take_precedence_over_scores() -> None:
+    rows = [[9.0, 9.0, 0.5, -0.25], [9.0, 9.0, -1.0, 2.0]]  # prompt positions' values are never trained
+    batch = prepare_batch([{**group([1.0, 0.0]), "advantages": rows}], 100)
+    assert [datum.advantages for datum in batch.data] == [[0.0, 0.5, -0.25], [0.0, -1.0, 2.0]]
+    assert batch.trained_advantages == [0.125, 0.5]  # the mean over completion tokens
+    assert batch.rewards == [1.0, 0.0]  # scores are still the reward
+    equal_scores = prepare_batch([{**group([0.5, 0.5]), "advantages": rows}], 100)
+    assert equal_scores.skipped_groups == 0 and len(equal_scores.data) == 2  # not skipped: the rows differ
+
+
+def test_set_advantage_to_zero_keeps_a_rollout_out_of_training() -> None:
+    overrides = [{"set_advantage_to_zero": True}, {}, {"set_advantage_to_zero": False}]
+    batch = prepare_batch([{**group([1.0, 0.0, 0.5]), "overrides": overrides}], 100)
+    assert [datum.advantages[-1] for datum in batch.data] == [0.0, -0.5, 0.0]
+    silenced = prepare_batch([{**group([1.0, 0.0]), "overrides": [{"set_advantage_to_zero": True}] * 2}], 100)
+    assert silenced.skipped_groups == 1 and not silenced.data
+
+
+def test_absent_fields_as_atropos_sends_them_are_accepted() -> None:
+    empty = {"advantages": [], "ref_logprobs": None, "overrides": [], "group_overrides": {"group_size": 2}}
+    batch = prepare_batch([{**group([1.0, 0.0]), **empty, "images": [], "distill_logprobs": None}], 100)
+    assert batch.trained_advantages == [0.5, -0.5]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("ref_logprobs", [[-1.0] * 4, [-1.0] * 4], "ref_logprobs"),
+        ("distill_token_ids", [[[1]] * 4, [[1]] * 4], "distill_token_ids"),
+        ("distill_logprobs", [[[-1.0]] * 4, [[-1.0]] * 4], "distill_logprobs"),
+        ("images", ["data:image/png;base64,AA"], "images"),
+        ("overrides", [{"temperature": 0.5}, {}], "temperature"),
+        ("group_overrides", {"sft": True}, "sft"),
+        ("advantages", [[1.0] * 3, [1.0] * 4], "3 entries for 4 tokens"),
+    ],
+)
+def test_fields_the_trainer_cannot_honour_refuse_the_whole_batch(field: str, value: object, named: str) -> None:
+    with pytest.raises(UnsupportedBatch, match=named) as refused:
+        prepare_batch([group([1.0, 0.0]), {**group([1.0, 0.0]), field: value}], 100)
+    assert refused.value.kind == "unsupported_batch"

@@ -216,3 +216,37 @@ def test_a_collapse_is_flagged_and_stop_on_collapse_ends_the_run_keeping_the_bes
     assert Path(state["weights"]).name == "step_8"  # the final weights are reported too, apart from the best
     events = [r for r in metric_lines(run_dir) if r.get("event") == "collapse"]
     assert [(e["step"], e["collapse"]["step"]) for e in events] == [(8, 7)]
+
+
+def test_a_batch_with_fields_the_trainer_cannot_honour_fails_the_run_unsupported_batch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    api_port, inference_port = free_port(), free_port()
+    run_dir = tmp_path / "run"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=tiny_model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=4,
+        group_size=GROUP_SIZE,
+        batch_size=BATCH_SIZE,
+    )
+    environment = child_environment(tmp_path / "var")
+    api_url = f"http://127.0.0.1:{api_port}"
+    rng = random.Random(0)
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_registered(api_url, trainer, 90)
+        honoured = scored_group(rng, with_logprobs=True)
+        honoured["advantages"] = [[0.0] * 7 + [0.5] * (len(t) - 7) for t in honoured["tokens"]]
+        refused = scored_group(rng, with_logprobs=True)
+        refused["ref_logprobs"] = [[-1.0] * len(tokens) for tokens in refused["tokens"]]
+        for payload in (honoured, refused):
+            httpx.post(f"{api_url}/scored_data", json=payload, timeout=REQUEST_TIMEOUT).raise_for_status()
+        assert trainer.wait(120) == 1, trainer.log_tail()
+    state = trainer_state(run_dir)
+    assert state["status"] == "failed" and state["failure_kind"] == "unsupported_batch"
+    assert "ref_logprobs" in state["error"]
+    assert state["step"] == 0 and not steps_done(run_dir)  # the batch trained nothing, once: no retries
