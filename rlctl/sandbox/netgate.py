@@ -20,6 +20,9 @@ Every address the gate connects to passes `address_refusal`: a name is resolved 
 address that is not public (loopback, private, link-local, shared, unique-local) is refused unless the server
 allows its range (RLCTL_SANDBOX_NETWORK_ALLOW); cloud metadata addresses, unspecified, multicast and reserved
 ones are refused always. So a name that resolves to 127.0.0.1 or 169.254.169.254 (DNS rebinding) gets nowhere.
+An IPv6 address that carries an IPv4 one (`embedded_ipv4`: NAT64, IPv4-compatible, IPv4-mapped and -translated,
+6to4, Teredo) is refused when that IPv4 address would be: where a translator or relay forwards it, it reaches
+that IPv4 address.
 """
 
 from __future__ import annotations
@@ -54,7 +57,38 @@ _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a) for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
 )
+# IPv6 ranges whose addresses carry an IPv4 one in their last 32 bits (RFC 6052 NAT64, RFC 4291 IPv4-compatible
+# and IPv4-mapped, RFC 2765 IPv4-translated).
+_LAST_32_BITS = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "::/96", "::ffff:0:0/96", "::ffff:0:0:0/96"))
+# RFC 8215's local-use NAT64 prefix, inside which a network may use any RFC 6052 prefix length of 48 or more;
+# the IPv4 address follows the prefix, skipping bits 64-71 (RFC 6052's "u" octet).
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+_RFC6052_LENGTHS = (48, 56, 64, 96)
 METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data"})
+
+
+def embedded_ipv4(address: _IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 address carries, where a translator or tunnel would deliver it to them; empty
+    for an IPv4 address, one without any, and `::`/`::1` (their own IPv6 rules apply)."""
+    if isinstance(address, ipaddress.IPv4Address) or int(address) <= 1:
+        return ()
+    value = int(address)
+    if any(address in network for network in _LAST_32_BITS):
+        return (ipaddress.IPv4Address(value & 0xFFFFFFFF),)
+    if address in _LOCAL_NAT64:  # any prefix length may be in use: every place the address could be
+        squeezed = (value >> 64) << 56 | value & ((1 << 56) - 1)  # 120 bits: the u octet taken out
+        found = []
+        for length in _RFC6052_LENGTHS:
+            start = length if length <= 64 else length - 8
+            carried = (squeezed >> (120 - start - 32)) & 0xFFFFFFFF
+            if carried:  # all zero: that length is not the one in use (0.0.0.0 is no destination anyway)
+                found.append(ipaddress.IPv4Address(carried))
+        return tuple(dict.fromkeys(found))
+    if address.sixtofour is not None:
+        return (address.sixtofour,)
+    if address.teredo is not None:  # (its server, its client): a relay sends to both
+        return address.teredo
+    return ()
 
 
 @dataclass(frozen=True, order=True)
@@ -127,6 +161,10 @@ class NetworkPolicy:
         """Why the gate must not connect to `address`; None when it may."""
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
+        for carried in embedded_ipv4(address):
+            refusal = self.address_refusal(carried)
+            if refusal is not None:
+                return f"{address} carries the IPv4 address {carried}: {refusal}"
         if address in METADATA_ADDRESSES:
             return f"{address} is a cloud metadata address (never reachable)"
         if address.is_unspecified or address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):

@@ -12,7 +12,11 @@ packaged for Debian's own interpreter only). The program:
    loading, io_uring, userfaultfd, new namespaces);
 4. `clone` with any CLONE_NEW* flag gets EPERM (threads and forks pass); `clone3`, whose flags are behind a
    pointer the filter cannot read, gets ENOSYS, so the C library falls back to `clone`;
-5. everything else is allowed.
+5. `socket` and `socketpair` of any address family but UNIX, IPv4 and IPv6 get EAFNOSUPPORT (what a kernel
+   without that family answers, so programs fall back as they would there): vsock would reach the hypervisor's
+   host, netlink the kernel's routing and audit surfaces, packet and others raw frames, none of which a command
+   needs (its network is the gate's, netgate.py);
+6. everything else is allowed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ _NR, _ARCH, _ARG0_LOW = 0, 4, 16  # offsets in struct seccomp_data (little-endia
 
 CLONE_NEW_FLAGS = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 X32_SYSCALL_BIT = 0x40000000
+# <linux/socket.h>: the only address families a sandboxed socket may have
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+ALLOWED_FAMILIES = (AF_UNIX, AF_INET, AF_INET6)
 
 BLOCKED = (
     "ptrace",
@@ -139,6 +146,8 @@ ARCHES = {
             "ioperm": 173,
             "clone": 56,
             "clone3": 435,
+            "socket": 41,
+            "socketpair": 53,
         },
         x32=True,
     ),
@@ -187,6 +196,8 @@ ARCHES = {
             "adjtimex": 171,
             "clone": 220,
             "clone3": 435,
+            "socket": 198,
+            "socketpair": 199,
         },
     ),
 }
@@ -234,6 +245,15 @@ def build_filter(arch: Arch) -> bytes:
             program.op(_JEQ_K, arch.numbers[name], jt="deny")
     program.op(_JEQ_K, arch.numbers["clone"], jt="clone")
     program.op(_JEQ_K, arch.numbers["clone3"], jt="enosys")
+    program.op(_JEQ_K, arch.numbers["socket"], jt="socket")
+    program.op(_JEQ_K, arch.numbers["socketpair"], jt="socket")
+    program.op(_RET_K, RET_ALLOW)
+    program.label("socket")  # the family is args[0], an int: its low word is all the kernel reads
+    program.op(_LD_W_ABS, _ARG0_LOW)
+    for family in ALLOWED_FAMILIES:
+        program.op(_JEQ_K, family, jt="allow")  # BPF jumps only forward: the allowing return follows
+    program.op(_RET_K, RET_ERRNO | errno.EAFNOSUPPORT)
+    program.label("allow")
     program.op(_RET_K, RET_ALLOW)
     program.label("clone")
     program.op(_LD_W_ABS, _ARG0_LOW)

@@ -4,6 +4,7 @@ Each test runs real commands in the real sandbox (bubblewrap) and checks the hos
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -81,6 +82,31 @@ def test_no_network(toolbox: Toolbox) -> None:
     finally:
         listener.close()
     assert "CONNECTED" not in result["output"] and result["exit_code"] != 0
+
+
+def test_only_unix_and_ip_sockets_can_be_made(toolbox: Toolbox) -> None:
+    """vsock reaches the hypervisor's host from a VM (where this runs, the host's kernel makes one), netlink the
+    kernel's configuration, packet raw frames: the seccomp filter refuses every family but UNIX and IP."""
+    probe = (
+        "import socket\n"
+        "for name, kind in (('AF_VSOCK', 'SOCK_STREAM'), ('AF_NETLINK', 'SOCK_RAW'), ('AF_PACKET', 'SOCK_RAW'),"
+        " ('AF_BLUETOOTH', 'SOCK_STREAM'), ('AF_UNIX', 'SOCK_STREAM'), ('AF_INET', 'SOCK_STREAM'),"
+        " ('AF_INET6', 'SOCK_DGRAM')):\n"
+        "    try:\n"
+        "        socket.socket(getattr(socket, name), getattr(socket, kind)).close(); print(name, 'made')\n"
+        "    except OSError as error:\n"
+        "        print(name, 'refused', error.errno)\n"
+        "try:\n"
+        "    socket.socketpair(socket.AF_VSOCK); print('pair made')\n"
+        "except OSError as error:\n"
+        "    print('pair refused', error.errno)\n"
+    )
+    assert call(toolbox, "write_file", path="probe.py", content=probe)["written_bytes"] == len(probe)
+    result = run(toolbox, "/usr/bin/python3 -I probe.py")
+    lines = dict(line.split(" ", 1) for line in result["output"].splitlines())
+    for refused in ("AF_VSOCK", "AF_NETLINK", "AF_PACKET", "AF_BLUETOOTH", "pair"):
+        assert lines[refused] == f"refused {errno.EAFNOSUPPORT}", result
+    assert [lines[made] for made in ("AF_UNIX", "AF_INET", "AF_INET6")] == ["made"] * 3, result
 
 
 def test_a_fork_bomb_stops_at_the_process_limit_and_the_host_keeps_running(toolbox: Toolbox) -> None:
