@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import ast
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from rlctl.trajectories.literals import LiteralError, loads_lenient
 
 # Scratchpad tags some agents write instead of <think>; conversion renames them to <think>.
 SCRATCHPAD_TAGS = ("REASONING_SCRATCHPAD", "thinking")
 
 # Untrusted text (uploads, model replies) is scanned with str.find, in one pass: no regular expression, whose
 # backtracking over many unclosed tags takes quadratic time (a megabyte of "<tool_call>" froze the service).
-MAX_LENIENT_CHARS = 1 << 20  # a Python-literal fallback parse of more than this is not tried (its memory)
 
 
 def render_think(reasoning: str) -> str:
@@ -140,14 +140,9 @@ def replace_blocks(text: str, opening: str, closing: str, render: Callable[[str]
 
 
 def _loads_lenient(text: str) -> Any:
-    """JSON, or a Python literal (some agents print dicts with single quotes); None when neither parses."""
+    """JSON, or a Python literal (some agents print dicts with single quotes); None when neither parses. The
+    Python-literal reading is linear and capped (rlctl/trajectories/literals.py), never ``ast.literal_eval``."""
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
-        pass
-    if len(text) > MAX_LENIENT_CHARS:
-        return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return loads_lenient(text)
+    except LiteralError:
         return None

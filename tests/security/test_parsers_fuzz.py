@@ -3,6 +3,7 @@ expressions it replaced (on inputs small enough for them), and no input makes a 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 
@@ -10,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlctl.service.datasets.uploads import upload_items
-from rlctl.trajectories import tags
+from rlctl.trajectories import literals, tags
 from rlctl.trajectories.reading import ItemError, ItemTooLarge, RawItem, read_items
+from rlctl.trajectories.tool_calls import split_tool_calls
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>",
@@ -73,6 +75,33 @@ def test_a_megabyte_of_hostile_tags_is_parsed_in_one_pass() -> None:
         tags.parse_tagged_tool_response(text), tags.without_tool_calls(text)
     nested = "<tool_call>" + "[" * 200_000 + "</tool_call>"
     assert tags.parse_tagged_tool_calls(nested) == []  # too deep for JSON and Python: skipped, not raised
+
+
+LITERAL_FRAGMENTS = ["'", '"', "\\", "[", "]", "{", "}", "(", ")", ",", ":", " ", "1", "-", "e", ".", "True", "None",
+                     "x", "\\x4", "\\u00", "<tool_call>", "</tool_call>", '{"name": "f"', "'arguments': "]  # fmt: skip
+literal_text = st.lists(st.sampled_from(LITERAL_FRAGMENTS), max_size=40).map("".join)
+
+
+@FUZZ
+@given(literal_text | st.text(max_size=200))
+def test_the_literal_reader_and_the_call_splitter_never_raise_anything_else(text: str) -> None:
+    with contextlib.suppress(literals.LiteralError):
+        literals.loads_lenient(text)
+    parsed = split_tool_calls(text)
+    assert all(isinstance(call.name, str) and isinstance(call.arguments, dict) for call in parsed.tool_calls)
+    assert len(parsed.content) <= len(text)
+
+
+def test_hostile_literal_bodies_are_refused_or_read_in_one_pass() -> None:
+    # ast.literal_eval held the interpreter ~2 s and ~900 MB on a MiB of these; the reader is linear and capped.
+    cap = literals.MAX_LITERAL_CHARS
+    for body in ("['x', " * (cap // 6), "(" * cap, "'" + "\\'" * (cap // 2), "{'a': " * (cap // 6), "1," * (cap // 2)):
+        for text in (body, f"<tool_call>{body}</tool_call>"):
+            with contextlib.suppress(literals.LiteralError):
+                literals.loads_lenient(text)
+            assert split_tool_calls(text).tool_calls == []
+    too_big = "[" + "'x'," * cap + "]"
+    assert tags.parse_tagged_tool_calls(f"<tool_call>{{'name': 'f', 'arguments': {too_big}}}</tool_call>") == []
 
 
 @FUZZ

@@ -16,7 +16,7 @@ from typing import Any
 import openai
 
 from rlctl.service.collections.agent_tools import Toolbox
-from rlctl.trajectories.tags import parse_tagged_tool_calls, without_tool_calls
+from rlctl.trajectories.tool_calls import split_tool_calls
 
 # Bounds of one item, so a hostile or broken model cannot grow the service's memory or the dataset without end.
 MAX_REPLY_CHARS = 400_000  # content and reasoning of one model reply
@@ -128,10 +128,14 @@ def _assistant_message(message: Any, turn: int) -> tuple[dict[str, Any], list[tu
         if getattr(call, "function", None) is not None
     ]
     if not calls and "<tool_call>" in content:
-        tagged = parse_tagged_tool_calls(content)
-        calls = [(f"call_{turn}_{i}", c["name"], c.get("arguments", {})) for i, c in enumerate(tagged)]
+        parsed = split_tool_calls(content)  # malformed blocks stay in the content as text
+        if len(parsed.tool_calls) > MAX_CALLS_PER_REPLY:
+            raise LimitExceeded(
+                f"a model reply with {len(parsed.tool_calls)} tool calls, over the limit of {MAX_CALLS_PER_REPLY}"
+            )
+        calls = [(call.id or f"call_{turn}_{i}", call.name, call.arguments) for i, call in enumerate(parsed.tool_calls)]
         if calls:
-            content = without_tool_calls(content).strip()
+            content = parsed.content
     assistant: dict[str, Any] = {"role": "assistant", "content": content}
     if isinstance(reasoning, str) and reasoning.strip():
         assistant["reasoning_content"] = reasoning
