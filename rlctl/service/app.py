@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 from starlette.types import Scope
 
-from rlctl.service.auth.guard import authenticate
+from rlctl.service.auth.guard import AuthenticationGate, authenticate
 from rlctl.service.collections import jobs as collection_jobs
 from rlctl.service.collections import routes as collection_routes
 from rlctl.service.context import AppContext
@@ -51,6 +51,22 @@ token: `RLCTL_API_TOKEN` (every scope) or one of the tokens file, whose scopes (
 names; a token without the scope gets 403 `INSUFFICIENT_SCOPE`.
 Errors share one body: `{"error": {"code", "message", "details"}}`.
 """
+
+
+# Behind the token (`authenticate`, then each route's declared scope), checked by the AuthenticationGate before any
+# body is read. Health, the UI page (a static file), the docs and the Ray nodes' calls are not.
+PROTECTED_ROUTERS = (
+    environments_router,
+    runs_router,
+    run_logs_router,
+    jobs_router,
+    dataset_routes.router,
+    dataset_routes.downloads_router,
+    collection_routes.router,
+    inference_tests_router,
+    evaluations_router,
+    tools_router,
+)
 
 
 def register_job_kinds(runner: JobRunner) -> None:
@@ -115,19 +131,14 @@ def create_app(
     app.include_router(health_router)
     app.include_router(ui_router)  # a static page; its API calls carry the token
     protected = [Depends(authenticate)]
-    app.include_router(environments_router, dependencies=protected)
-    app.include_router(runs_router, dependencies=protected)
-    app.include_router(run_logs_router, dependencies=protected)
+    for router in PROTECTED_ROUTERS:
+        app.include_router(router, dependencies=protected)
     app.include_router(run_node_router)  # runs on Ray: each call carries its run's secret (docs/RAY.md)
-    app.include_router(jobs_router, dependencies=protected)
-    app.include_router(dataset_routes.router, dependencies=protected)
-    app.include_router(dataset_routes.downloads_router, dependencies=protected)
-    app.include_router(collection_routes.router, dependencies=protected)
-    app.include_router(inference_tests_router, dependencies=protected)
-    app.include_router(evaluations_router, dependencies=protected)
-    app.include_router(tools_router, dependencies=protected)
-    app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]))
+    mcp_route = Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"])
+    app.router.routes.append(mcp_route)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
+    # Outside the body limit: a caller without a valid token is answered before any byte of its body is read.
+    app.add_middleware(AuthenticationGate, context=context, routes=app.router.routes, self_checked=[mcp_route])
     install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -86,6 +86,12 @@ class Settings(BaseSettings):
         "(docs/RUNS.md#the-fork-server).",
     )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest JSON request body accepted.")
+    max_caller_body_bytes: int = Field(
+        64 << 20,
+        gt=0,
+        description="Request-body bytes one caller (a token, or an address on the open routes) may have in flight "
+        "at once, over all its requests (docs/SECURITY.md#bounded-input).",
+    )
     job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
