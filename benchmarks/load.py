@@ -1,36 +1,69 @@
-"""A bounded HTTP load generator for the benchmarks: N keep-alive connections for a few seconds, like `wrk`.
+"""A bounded HTTP load for the benchmarks: N keep-alive connections for a few seconds, from `wrk` when installed.
 
-Each connection sends GET requests one after another (HTTP/1.1, keep-alive) until the time is up, and every
-request's latency is kept. The client speaks just enough HTTP/1.1 over asyncio streams to read responses with a
-Content-Length: a general-purpose client (httpx) costs several times more CPU per request than the service's
-cheapest route, and on a small machine it would measure itself instead of the service.
+`wrk` (C, several threads) holds 200 keep-alive connections the way real clients do and costs the machine
+little; it is what showed issue 40's seconds-long tail. Without it, a generator of this file stands in: the
+connections spread over a few processes (one Python process cannot saturate the service and hides the tail),
+each speaking just enough HTTP/1.1 over asyncio streams (a general-purpose client like httpx costs several times
+the CPU of the service's cheapest route and would measure itself instead).
 
-    from benchmarks.load import run_load
+    from benchmarks.load import run_load, run_beside
     result = run_load("http://127.0.0.1:8080", ["/healthz"], connections=64, seconds=5)
+    probes, reads = run_beside(base_url, ["/healthz"], ["/runs/abc"], probe_connections=4, connections=200, seconds=5)
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 MAX_SECONDS = 20.0  # the machine is shared: no load run may last longer
+PROCESSES = max(1, min(4, os.cpu_count() or 1))  # of the fallback generator
+# wrk's own time-out (2 s by default) would drop the slowest answers from its latencies: the tail is the point.
+WRK_TIMEOUT = "60s"
+# wrk's script: every connection takes `paths` in turn, and the summary is printed in microseconds at the end.
+_WRK_SCRIPT = """
+local paths = {%s}
+local turn = 0
+request = function()
+  turn = turn + 1
+  return wrk.format("GET", paths[(turn %% #paths) + 1])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RLCTL-LOAD %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.timeout + e.status, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max))
+end
+"""
+_WRK_SUMMARY = re.compile(r"RLCTL-LOAD (\d+) (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
 
 
 @dataclass
 class LoadResult:
     seconds: float
-    latencies_s: list[float] = field(default_factory=list)
-    errors: int = 0  # transport errors and non-2xx answers
+    latencies_s: list[float] = field(default_factory=list)  # every request's (the fallback generator)
+    errors: int = 0  # transport errors, time-outs and non-2xx answers
+    requests: int = 0
+    quantiles_s: dict[float, float] = field(default_factory=dict)  # as wrk reports them (no single latencies)
+    tool: str = "python"
 
     @property
     def requests_per_s(self) -> float:
-        return len(self.latencies_s) / self.seconds if self.seconds > 0 else 0.0
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
 
     def percentile_s(self, fraction: float) -> float:
+        if fraction in self.quantiles_s:
+            return self.quantiles_s[fraction]
         if not self.latencies_s:
             return float("nan")
         ordered = sorted(self.latencies_s)
@@ -38,18 +71,87 @@ class LoadResult:
 
     @property
     def median_s(self) -> float:
-        return statistics.median(self.latencies_s) if self.latencies_s else float("nan")
+        return self.percentile_s(0.5)
 
     def describe(self) -> str:
         return (
             f"{self.requests_per_s:8.0f} req/s  p50 {self.median_s * 1000:7.1f} ms  "
-            f"p99 {self.percentile_s(0.99) * 1000:7.1f} ms  errors {self.errors}"
+            f"p90 {self.percentile_s(0.9) * 1000:7.1f} ms  p99 {self.percentile_s(0.99) * 1000:7.1f} ms  "
+            f"errors {self.errors}  ({self.tool})"
         )
+
+
+def has_wrk() -> bool:
+    return shutil.which("wrk") is not None
 
 
 def run_load(base_url: str, paths: list[str], connections: int, seconds: float) -> LoadResult:
     """GET `paths` (in turn, per connection) over `connections` connections for `seconds` (at most MAX_SECONDS)."""
-    return asyncio.run(_load(base_url, paths, connections, min(seconds, MAX_SECONDS)))
+    seconds = min(seconds, MAX_SECONDS)
+    if has_wrk():
+        return _wrk(base_url, paths, connections, seconds)
+    return _processes(base_url, paths, connections, seconds)
+
+
+def run_beside(
+    base_url: str,
+    probe_paths: list[str],
+    read_paths: list[str],
+    probe_connections: int,
+    connections: int,
+    seconds: float,
+) -> tuple[LoadResult, LoadResult]:
+    """Two loads at once: probes (a few connections, as an orchestrator polls) beside reads; their results."""
+    results: dict[str, LoadResult] = {}
+
+    def load(name: str, paths: list[str], width: int) -> None:
+        results[name] = run_load(base_url, paths, width, seconds)
+
+    threads = [
+        threading.Thread(target=load, args=("probes", probe_paths, probe_connections)),
+        threading.Thread(target=load, args=("reads", read_paths, connections)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results["probes"], results["reads"]
+
+
+def _wrk(base_url: str, paths: list[str], connections: int, seconds: float) -> LoadResult:
+    listed = ", ".join(f'"{path}"' for path in paths)
+    with tempfile.TemporaryDirectory(prefix="rlctl-wrk-") as tmp:
+        script = Path(tmp) / "load.lua"
+        script.write_text(_WRK_SCRIPT % listed)
+        threads = max(1, min(2, connections))
+        command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", f"--timeout={WRK_TIMEOUT}"]
+        output = subprocess.run(
+            [*command, "-s", str(script), base_url], capture_output=True, text=True, check=True, timeout=seconds + 90
+        ).stdout
+    match = _WRK_SUMMARY.search(output)
+    if match is None:
+        raise RuntimeError(f"wrk printed no summary:\n{output}")
+    requests, duration_us, errors, p50, p90, p99, _max = (int(value) for value in match.groups())
+    quantiles = {0.5: p50 / 1e6, 0.9: p90 / 1e6, 0.99: p99 / 1e6}
+    return LoadResult(seconds=duration_us / 1e6, errors=errors, requests=requests, quantiles_s=quantiles, tool="wrk")
+
+
+def _processes(base_url: str, paths: list[str], connections: int, seconds: float) -> LoadResult:
+    """The fallback: the connections spread over PROCESSES processes, their latencies merged."""
+    processes = max(1, min(PROCESSES, connections))
+    shares = [connections // processes + (index < connections % processes) for index in range(processes)]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        parts = pool.starmap(_process_load, [(base_url, paths, share, seconds) for share in shares])
+    result = LoadResult(seconds=max(part.seconds for part in parts), tool=f"python x{processes}")
+    for part in parts:
+        result.latencies_s.extend(part.latencies_s)
+        result.errors += part.errors
+    result.requests = len(result.latencies_s)
+    return result
+
+
+def _process_load(base_url: str, paths: list[str], connections: int, seconds: float) -> LoadResult:
+    return asyncio.run(_load(base_url, paths, connections, seconds))
 
 
 async def _load(base_url: str, paths: list[str], connections: int, seconds: float) -> LoadResult:
@@ -65,6 +167,7 @@ async def _load(base_url: str, paths: list[str], connections: int, seconds: floa
     for latencies, errors in results:
         result.latencies_s.extend(latencies)
         result.errors += errors
+    result.requests = len(result.latencies_s)
     return result
 
 

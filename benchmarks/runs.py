@@ -1,7 +1,7 @@
 """Runs benchmark: start-up and stop latency of an offline run, and read throughput with 10,000 runs.
 
     .venv/bin/python benchmarks/runs.py [--postgres postgresql://postgres@127.0.0.1:5432/test] [--runs 10000]
-        [--reads-only] [--connections 200] [--seconds 5] [--training]
+        [--reads-only] [--connections 200] [--seconds 5] [--training] [--servers]
 
 Prints, on SQLite and (when given, or RLCTL_TEST_POSTGRES_URL is set) PostgreSQL:
 - seconds from POST /runs to `running` for an offline echo run on the local backend (the reference slept
@@ -13,13 +13,21 @@ Prints, on SQLite and (when given, or RLCTL_TEST_POSTGRES_URL is set) PostgreSQL
   goal: every read >= 0.5 of /healthz's requests per second; the concurrent ones also p99 <= 2x /healthz's and
   no error. The first three use 4 connections; the last two `--connections` (200) at once. With --training, one
   offline run trains while the reads run (and GET /runs/{id} reads that run's record).
+- probes beside reads (issue 40, "liveness never starves"): /healthz and /readyz on 4 connections alone, then
+  beside `--connections` connections of GET /runs/{id}: their p99 beside the reads as a multiple of their idle p99
+  (goal <= 2x).
+With --servers, the reads under `--connections` and the probes beside them are measured for three ways of serving
+the same app, one after the other on the same database: uvloop with uvicorn's httptools protocol (the service
+before issue 40), asyncio's loop with that protocol, and asyncio's loop with `ProbesFirstProtocol` (the service's
+`rlctl.service.http.server_config`).
 Every load run lasts `--seconds` (at most 20 s: the machine may be shared). The service is a real `rlctl serve`
-subprocess on loopback; the load comes from benchmarks/load.py (keep-alive connections, like wrk).
+subprocess on loopback; the load comes from benchmarks/load.py (wrk when installed, keep-alive connections).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -38,7 +46,7 @@ from sqlalchemy.engine import make_url
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.load import LoadResult, run_load  # noqa: E402
+from benchmarks.load import LoadResult, has_wrk, run_beside, run_load  # noqa: E402
 from rlctl.service.db import migrate  # noqa: E402
 from rlctl.service.db.engine import Database  # noqa: E402
 from rlctl.service.db.models import Run  # noqa: E402
@@ -48,6 +56,22 @@ from rlctl.supervisor.ports import free_ports  # noqa: E402
 REFERENCE_STARTUP_S = 135.0
 GOAL_THROUGHPUT = 0.5  # issue 18: each read >= 0.5 of /healthz's requests per second under the same load
 GOAL_TAIL = 2.0  # and, under the concurrent load, p99 <= 2x /healthz's, with no error
+GOAL_PROBES = 2.0  # issue 40: probes beside any reads answer within 2x their idle p99
+PROBE_CONNECTIONS = 4
+# --servers: name -> server_config overrides (`rlctl serve` as it is, with these settings changed)
+SERVERS = {
+    "uvloop + httptools (before)": {"loop": "uvloop", "http": "httptools"},
+    "asyncio + httptools": {"http": "httptools"},
+    "asyncio + probes first (now)": {},
+}
+# `rlctl serve` with `server_config`'s settings overridden by the JSON of argv[1]; the rest of argv is the CLI's.
+_SERVE_WITH = """
+import json, sys
+from rlctl.service import cli, http
+overrides, original = json.loads(sys.argv[1]), http.server_config
+http.server_config = lambda app, host, port, **given: original(app, host, port, **(overrides | given))
+sys.exit(cli.main(sys.argv[2:]))
+"""
 
 
 def main() -> None:
@@ -58,7 +82,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=200, help="connections of the concurrent reads")
     parser.add_argument("--reads-only", action="store_true", help="skip the start-up and stop timings")
     parser.add_argument("--training", action="store_true", help="keep one offline run training during the reads")
+    parser.add_argument("--servers", action="store_true", help="compare ways of serving (loop, protocol)")
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f}; load from {'wrk' if has_wrk() else 'Python processes'}")
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as tmp:
         backends = [("sqlite", f"sqlite:///{Path(tmp) / 'sqlite' / 'rlctl.db'}")]
         if args.postgres:
@@ -67,12 +93,32 @@ def main() -> None:
             with _database(name, url, args.postgres) as database_url:
                 data_dir = Path(tmp) / name
                 print(f"== {name}")
+                if args.servers:
+                    _compare_servers(database_url, data_dir, args)
+                    continue
                 with _service(database_url, data_dir) as base_url:
                     if not args.reads_only:
                         _lifecycle(base_url)
                     _seed(database_url, args.runs)
                     with _training(base_url, args.training):
                         _reads(base_url, args.runs, args.seconds, args.connections)
+                        _probes(base_url, args.seconds, args.connections)
+
+
+def _compare_servers(database_url: str, data_dir: Path, args: argparse.Namespace) -> None:
+    seeded = False
+    for label, overrides in SERVERS.items():
+        with _service(database_url, data_dir, overrides) as base_url:
+            if not seeded:
+                _seed(database_url, args.runs)
+                seeded = True
+            print(f"-- {label} (load average {os.getloadavg()[0]:.2f})")
+            with _training(base_url, args.training):
+                run_id = _a_run_id(base_url)
+                health = run_load(base_url, ["/healthz"], args.connections, args.seconds)
+                read = run_load(base_url, [f"/runs/{run_id}"], args.connections, args.seconds)
+                _report("GET /runs/{id}", args.connections, health, read, concurrent=True)
+                _probes(base_url, args.seconds, args.connections)
 
 
 def _lifecycle(base_url: str) -> None:
@@ -155,9 +201,32 @@ def _stored_config() -> dict:
     return {"env": env, "tinker": tinker, "openai": openai}
 
 
+def _a_run_id(base_url: str) -> str:
+    return str(httpx.get(f"{base_url}/runs", params={"limit": 1}).json()["runs"][0]["id"])
+
+
+def _probes(base_url: str, seconds: float, connections: int) -> None:
+    """/healthz and /readyz alone, then beside `connections` connections of GET /runs/{id}."""
+    probes = ["/healthz", "/readyz"]
+    idle = run_load(base_url, probes, PROBE_CONNECTIONS, seconds)
+    busy, reads = run_beside(
+        base_url, probes, [f"/runs/{_a_run_id(base_url)}"], PROBE_CONNECTIONS, connections, seconds
+    )
+    # No probe answered during the run is starvation, not a good ratio.
+    tail = busy.percentile_s(0.99) / idle.percentile_s(0.99) if busy.requests else float("inf")
+    met = tail <= GOAL_PROBES and busy.errors == 0
+    print(f"{'probes, idle':<30} {PROBE_CONNECTIONS:>3} conn  {idle.describe()}")
+    print(f"{'probes beside reads':<30} {PROBE_CONNECTIONS:>3} conn  {busy.describe()}")
+    print(f"{'  the reads beside them':<30} {connections:>3} conn  {reads.describe()}")
+    print(
+        f"{'  ratio':<30}           probes' p99 {tail:.2f}x idle   "
+        f"goal (<= {GOAL_PROBES}x, 0 errors): {'met' if met else 'NOT met'}"
+    )
+
+
 def _reads(base_url: str, runs: int, seconds: float, connections: int) -> None:
     """Each read beside /healthz under the same load, /healthz measured right before it (noise drifts)."""
-    run_id = httpx.get(f"{base_url}/runs", params={"limit": 1}).json()["runs"][0]["id"]
+    run_id = _a_run_id(base_url)
     cases = [
         (f"GET /runs (of {runs})", "/runs?limit=50", 4),
         ("GET /runs?status=failed", "/runs?limit=50&status=failed", 4),
@@ -203,7 +272,7 @@ def _database(name: str, url: str | None, postgres: str | None):  # type: ignore
 
 
 @contextmanager
-def _service(database_url: str, data_dir: Path):  # type: ignore[no-untyped-def]
+def _service(database_url: str, data_dir: Path, overrides: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     migrate.upgrade(Database(database_url))
     port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
@@ -214,7 +283,7 @@ def _service(database_url: str, data_dir: Path):  # type: ignore[no-untyped-def]
         RLCTL_LOG_LEVEL="WARNING",
     )
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlctl.service.cli", "serve", "--port", str(port)],
+        [sys.executable, "-c", _SERVE_WITH, json.dumps(overrides or {}), "serve", "--port", str(port)],
         cwd=REPO_ROOT,
         env=env,
         start_new_session=True,

@@ -86,12 +86,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from rlctl.service.app import create_app
+        from rlctl.service.http import server_config
 
         app = create_app(settings, context=context)
-        uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)
+        server = uvicorn.Server(server_config(app, args.host, args.port))
+        server.run()
     finally:
         context.stop_children()
-    return 0
+    return 0 if server.started else 3  # as uvicorn.run: the app did not start (e.g. the port is taken)
 
 
 def cmd_model_serve(args: argparse.Namespace) -> int:

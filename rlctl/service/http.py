@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by every domain: error mapping, request ids, body size limits."""
+"""HTTP plumbing shared by every domain: error mapping, request ids, body size limits, the server's settings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +17,8 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from rlctl.service.errors import ClientGone, InvalidValue, PayloadTooLarge, RateLimited, ServiceError
 from rlctl.service.observability import request_id_var
@@ -151,3 +154,46 @@ class BodySizeLimitMiddleware:
 async def _send_too_large(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
     error = PayloadTooLarge(f"request body over the limit of {limit} bytes", {"limit_bytes": limit})
     await error_response(error)(scope, receive, send)
+
+
+# Paths a load balancer or an orchestrator polls to learn whether the process lives and is ready.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class ProbesFirstProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, but a probe's request runs ahead of the requests already queued on the loop.
+
+    A request's task normally joins the back of the loop's ready queue: under a burst of reads (200 connections),
+    a probe waits behind every request that arrived before it, and a liveness check could fail while the process
+    is only busy. Here a probe's first step moves to the front, and /healthz and /readyz (async routes that do not
+    wait on anything but an in-process read) finish in that step. Only asyncio's loop exposes its ready queue
+    (`server_config` picks it); on another loop this protocol behaves as its base.
+
+    Measured by `benchmarks/runs.py --reads-only --servers` (probes beside 200 connections of reads, wrk): p99 of
+    the probes 0.51-0.68 s with it against 0.59-1.18 s without; on a machine at load average 7-9, within its noise
+    (docs/ARCHITECTURE.md#performance). Delete it when uvicorn or asyncio gives requests a priority of their own,
+    or when that benchmark no longer shows a difference beyond its noise.
+    """
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        super()._start_asgi_task(cycle, app)
+        ready = getattr(self.loop, "_ready", None)
+        if cycle.scope["path"] in PROBE_PATHS and ready:
+            ready.appendleft(ready.pop())  # the task's first step, just scheduled at the back
+
+
+def server_config(app: ASGIApp, host: str, port: int, **overrides: Any) -> uvicorn.Config:
+    """The settings the service is served with, by `rlctl serve` and by the tests' live services alike.
+
+    asyncio's loop, not uvloop: uvloop's scheduling left some of 200 keep-alive connections waiting seconds while
+    others were served (p99 of GET /runs/{id} 4.2 s against 0.8 s on asyncio's loop, `benchmarks/runs.py`,
+    docs/ARCHITECTURE.md#performance)."""
+    settings: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "loop": "asyncio",
+        "http": ProbesFirstProtocol,
+        "log_config": None,
+        "access_log": False,
+    }
+    return uvicorn.Config(app, **(settings | overrides))

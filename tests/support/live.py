@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from rlctl.service.app import create_app
+from rlctl.service.http import server_config
 from rlctl.service.settings import Settings
 from rlctl.supervisor.ports import free_ports
 from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
@@ -119,7 +120,7 @@ def live_service(
     if prepare is not None:
         prepare(app)
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, name=f"rlctl-test-{port}", daemon=True)
     thread.start()
     base_url = f"http://127.0.0.1:{port}"

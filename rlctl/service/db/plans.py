@@ -5,7 +5,8 @@ A plan is a generator that yields each statement (`Read`) and is sent back its r
 `Database.loop_read` on the event loop (docs/ARCHITECTURE.md#database-access-servicedb).
 
 Only runs' two hottest reads use this (`GET /runs`, `GET /runs/{id}`: rlctl/service/runs/service.py, and
-`admission.queue_positions_plan` for their queued runs), with `rlctl/service/db/loop_reads.py` and
+`admission.queue_positions_plan` for their queued runs; and `/readyz`'s one-row read, so that a probe never
+waits for a worker thread), with `rlctl/service/db/loop_reads.py` and
 `rlctl/service/db/json_sql.py`; every other read is a `Database.read()` session in the thread pool.
 
 Kept by measurement (issue 36), against those two reads on that ordinary path (`Database.read()` in the thread

@@ -1,20 +1,29 @@
-"""`/healthz` (the process answers) and `/readyz` (database reachable, schema current)."""
+"""`/healthz` (the process answers) and `/readyz` (database reachable, schema current).
+
+Both are async routes on the event loop, never in the thread pool: a probe must not wait for a worker thread
+while blocking handlers hold every one of them (docs/ARCHITECTURE.md#performance). The server runs them ahead
+of the requests queued on the loop (`rlctl.service.http.ProbesFirstProtocol`).
+"""
 
 from __future__ import annotations
 
+from functools import cache
+
+import psycopg
 from fastapi import APIRouter
 from pydantic import BaseModel
-from sqlalchemy import text
+from sqlalchemy import Select, String, column, select, table
 from sqlalchemy.exc import SQLAlchemyError
-from starlette.concurrency import run_in_threadpool
 
-from rlctl.service.context import AppContext
 from rlctl.service.db import migrate
+from rlctl.service.db.plans import Read, ReadPlan
 from rlctl.service.deps import Ctx
 from rlctl.service.errors import Unavailable
 from rlctl.service.schemas import error_responses
 
 router = APIRouter(tags=["health"])
+# Alembic's table of the applied revision, read as a read plan so that PostgreSQL answers it on the loop.
+_VERSION: Select[str] = select(column("version_num", String)).select_from(table("alembic_version"))
 
 
 class Health(BaseModel):
@@ -29,7 +38,7 @@ class Readiness(BaseModel):
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness")
-def healthz() -> Health:
+async def healthz() -> Health:
     """Answers while the process serves requests."""
     return Health(status="ok")
 
@@ -37,20 +46,33 @@ def healthz() -> Health:
 @router.get("/readyz", response_model=Readiness, summary="Readiness", responses=error_responses(503))
 async def readyz(ctx: Ctx) -> Readiness:
     """Ready when the database answers and its schema is at the newest migration."""
-    return await run_in_threadpool(check_readiness, ctx)
-
-
-def check_readiness(ctx: AppContext) -> Readiness:
-    head = migrate.head_revision()
+    head = _head_revision()
     try:
-        with ctx.db.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        current = migrate.current_revision(ctx.db)
-    except SQLAlchemyError as exc:
-        raise Unavailable("database unreachable", {"reason": type(exc).__name__}) from exc
+        current = await ctx.db.loop_read(_current_revision_plan)
+    except (SQLAlchemyError, psycopg.Error) as exc:
+        # No version table is a database never migrated: behind, like one with an older revision.
+        if not _is_missing_table(exc):
+            raise Unavailable("database unreachable", {"reason": type(exc).__name__}) from exc
+        current = None
     if current != head:
         raise Unavailable(
             "database schema is behind: run `rlctl db upgrade`",
             {"schema_revision": current, "head_revision": head},
         )
     return Readiness(status="ready", database="ok", schema_revision=current, head_revision=head)
+
+
+@cache
+def _head_revision() -> str | None:
+    # The migration scripts ship with the code: read once, not at every probe.
+    return migrate.head_revision()
+
+
+def _current_revision_plan() -> ReadPlan[str | None]:
+    rows = yield Read(_VERSION)
+    return rows[0][0] if rows else None
+
+
+def _is_missing_table(exc: Exception) -> bool:
+    cause = getattr(exc, "orig", None) or exc
+    return isinstance(cause, psycopg.errors.UndefinedTable) or "no such table" in str(cause)
