@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlctl.trainer.backends.base import Completion, SamplingRequest, SamplingRequestError, TrainingBackend
 from rlctl.trainer.failures import FailureBudget
+from rlctl.trainer.inference_guard import InferenceGuard
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,9 @@ class InferenceService:
         self._sampling_threads = ThreadPoolExecutor(SAMPLING_THREADS, thread_name_prefix="sampling")
 
     async def sample(self, request: SamplingRequest, endpoint: str) -> list[Completion]:
+        # The caller's faults are answered 400 before the backend sees them: they never spend the run's failure
+        # budget (206 requests naming a token id past the vocabulary once ended a run `sampling_failed`).
+        self._check_tokens(request.prompt_tokens)
         try:
             loop = asyncio.get_running_loop()
             completions = await loop.run_in_executor(self._sampling_threads, self.backend.sample, request)
@@ -223,6 +227,12 @@ class InferenceService:
         self.counters[endpoint] += 1
         self.counters["completions"] += len(completions)
         return completions
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        vocabulary = len(self.tokenizer)
+        wrong = next((token for token in tokens if not 0 <= token < vocabulary), None)
+        if wrong is not None:
+            raise InvalidRequest(f"token id {wrong} is outside the vocabulary (0 to {vocabulary - 1})")
 
     def check_model(self, model: str | None) -> None:
         """No model means the default one; an id this server does not serve is an error, not silently ignored."""
@@ -470,12 +480,17 @@ def _maybe_streamed(
 
 
 def create_app(
-    backend: TrainingBackend, model_names: Sequence[str] = (), sampling_budget: FailureBudget | None = None
+    backend: TrainingBackend,
+    model_names: Sequence[str] = (),
+    sampling_budget: FailureBudget | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """`model_names`: extra ids the OpenAI routes answer to, besides the backend's model name. Every error is
-    answered in OpenAI's shape `{"error": {"message", "type", "code"}}`, never a bare 500."""
+    answered in OpenAI's shape `{"error": {"message", "type", "code"}}`, never a bare 500. With `api_key` (the
+    run's RLCTL_RUN_INFERENCE_KEY) every route but /health needs it; bodies are bounded either way."""
     service = InferenceService(backend, model_names, sampling_budget)
     app = FastAPI(title="rlctl inference server", docs_url=None, redoc_url=None)
+    app.add_middleware(InferenceGuard, key=api_key)
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, error: InvalidRequest) -> JSONResponse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -21,6 +22,7 @@ from rlctl.trainer.config import TrainerConfig
 from rlctl.trainer.failures import COLLAPSED, SAMPLING_FAILED, TRAINING_FAILED, FailureBudget, TrainingHalted
 from rlctl.trainer.grpo import prepare_batch, step_metrics
 from rlctl.trainer.health import Collapse, RunHealth, best_checkpoint
+from rlctl.trainer.inference_guard import KEY_ENV as INFERENCE_KEY_ENV
 from rlctl.trainer.inference_server import InferenceServer, create_app
 from rlctl.trainer.outputs import MetricsWriter, TrainerState, TrainerStateStore, WandbMirror
 
@@ -178,7 +180,12 @@ class Trainer:
         self.state.base_model = self.backend.model_name
         self.backend.publish_weights(self.state.step)
         short_names = (config.wandb_run_name, config.run_dir.name)  # the run's name and id (docs/TRAINER.md)
-        app = create_app(self.backend, short_names, sampling_budget=self.sampling_budget)
+        app = create_app(
+            self.backend,
+            short_names,
+            sampling_budget=self.sampling_budget,
+            api_key=os.environ.get(INFERENCE_KEY_ENV),  # the run's launch made it (docs/SECURITY.md)
+        )
         self.server = InferenceServer(app, config.inference_host, config.inference_port)
         self.server.start()
         self.metrics = MetricsWriter(config.run_dir)

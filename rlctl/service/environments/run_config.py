@@ -251,7 +251,7 @@ def build_run_config(
             {
                 "model_name": locked["tokenizer_name"],
                 "base_url": inference_url,
-                "api_key": "local",
+                "api_key": "local",  # a placeholder: the environment hook puts the run's key in (never a file)
                 "server_type": "sglang",
                 "health_check": False,
                 "timeout": int(locked["worker_timeout"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from rlctl.service.settings import REPO_ROOT, Settings
 from rlctl.supervisor.process import ProcessSpec
 from rlctl.supervisor.readiness import atropos_env_registered, http_answers
 from rlctl.supervisor.run import API, ENV, TRAINER
+from rlctl.trainer.inference_guard import KEY_ENV as INFERENCE_KEY_ENV
 
 ENV_HOOKS_DIR = REPO_ROOT / "rlctl" / "supervisor" / "envhooks"
 
@@ -44,6 +46,9 @@ def process_specs(
     only once the trainer has (Atropos answers it "wait for trainer to start" until then)."""
     api_url = f"http://127.0.0.1:{ports.api}"
     config = str(paths.config)
+    # The run's inference server answers only its environment (and its trainer): a key made now, in these two
+    # processes' environments only, never in a file, a log line or the database (docs/SECURITY.md).
+    inference_key = {INFERENCE_KEY_ENV: secrets.token_urlsafe(32)}
     return [
         ProcessSpec(
             role=API,
@@ -58,7 +63,7 @@ def process_specs(
         ProcessSpec(
             role=TRAINER,
             argv=[sys.executable, "-m", "rlctl.trainer", "--config", config],
-            env=trainer_environment(settings, backend, wandb_mode),
+            env={**trainer_environment(settings, backend, wandb_mode), **inference_key},
             cwd=REPO_ROOT,
             log_path=paths.log(TRAINER),
             ready=http_answers(f"http://127.0.0.1:{ports.inference}/health"),
@@ -68,7 +73,7 @@ def process_specs(
         ProcessSpec(
             role=ENV,
             argv=[sys.executable, str(environment_file), "serve", "--config", config],
-            env=environment_environment(settings, paths, wandb_mode),
+            env={**environment_environment(settings, paths, wandb_mode), **inference_key},
             cwd=paths.run_dir,
             log_path=paths.log(ENV),
             ready=atropos_env_registered(api_url),

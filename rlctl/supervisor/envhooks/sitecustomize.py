@@ -25,6 +25,8 @@ from typing import Any
 
 API_PROBE_INTERVAL_S = 0.1
 WAIT_FOR_TRAINER = "wait for trainer to start"  # the Atropos API's answer to an environment it does not let in yet
+RUN_KEY_ENV = "RLCTL_RUN_INFERENCE_KEY"  # rlctl.trainer.inference_guard.KEY_ENV (this hook imports nothing of rlctl)
+RUN_KEY_PLACEHOLDER = "local"  # the `api_key` of the run config's inference server (run_config.py)
 
 
 def _install() -> None:
@@ -43,8 +45,30 @@ def _install() -> None:
         await original(self, wandb_metrics)
 
     BaseEnv.wandb_log = wandb_log
+    _use_the_run_key()
     _wait_for_the_api(BaseEnv)
     _guard_wandb_init()
+
+
+def _use_the_run_key() -> None:
+    """The run's config names the inference server's key as RUN_KEY_PLACEHOLDER (the key is in no file): each
+    server config that does gets the key of this process's environment, before atroposlib builds its clients."""
+    key = os.environ.get(RUN_KEY_ENV)
+    if not key:
+        return
+    try:
+        from atroposlib.envs.server_handling.server_manager import ServerManager
+    except Exception:  # noqa: BLE001 - an atroposlib without it: its clients keep the placeholder
+        return
+    original = ServerManager.__init__
+
+    def init(self: Any, configs: Any, *args: Any, **kwargs: Any) -> None:
+        for config in configs if isinstance(configs, list) else [configs]:
+            if getattr(config, "api_key", None) == RUN_KEY_PLACEHOLDER:
+                config.api_key = key
+        original(self, configs, *args, **kwargs)
+
+    ServerManager.__init__ = init
 
 
 def _wait_for_the_api(base_env: Any) -> None:
