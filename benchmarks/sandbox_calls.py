@@ -8,7 +8,9 @@ Variants, each `--calls` times in turn (interleaved, so that the machine's load 
   - sandbox: the tool's whole sandbox (seccomp filter, memory cgroup where one can be made, prlimit, and as root
     the privileged mount view and setpriv);
   - sandbox + network: the same with one named loopback destination (the gate and the relay started);
-  - fetch: `curl` of a loopback HTTP server through the gate's proxy, in a sandbox with network.
+  - fetch: `curl` of a loopback HTTP server through the gate's proxy, in a sandbox with network;
+  - kept item: a call in an item's kept sandbox (its work directory a tmpfs of its own, joined with nsenter);
+  - fresh item per call: the same, the item (its keeper and tmpfs) made and ended around each call.
 Printed: median and p90 wall time per variant and the median's ratio to the baseline, and the memory mode.
 """
 
@@ -71,11 +73,27 @@ def main() -> int:
 
         return run
 
+    kept = sandbox.item(Path(tempfile.mkdtemp(prefix="rlctl-bench-item-")))
+
+    def in_item() -> None:
+        with kept.start("true") as call:
+            assert call.process.stdout is not None
+            output = call.process.stdout.read()
+            assert call.process.wait() == 0, output
+
+    def fresh_item() -> None:
+        with sandbox.item(Path(tempfile.mkdtemp(prefix="rlctl-bench-item-"))) as item, item.start("true") as call:
+            assert call.process.stdout is not None
+            output = call.process.stdout.read()
+            assert call.process.wait() == 0, output
+
     variants: dict[str, Callable[[], None]] = {
         "baseline (bare bwrap)": lambda: subprocess.run(bare, check=True, capture_output=True),
         "sandbox": in_sandbox("true", None),
         "sandbox + network": in_sandbox("true", policy),
         "fetch through the gate": in_sandbox(f"curl -sSf http://127.0.0.1:{port}/ >/dev/null", policy),
+        f"kept item ({kept.disk_mode})": in_item,
+        "fresh item per call": fresh_item,
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.calls):
@@ -84,6 +102,7 @@ def main() -> int:
             variant()
             times[name].append(time.perf_counter() - started)
     server.shutdown()
+    kept.close()
     base = statistics.median(times["baseline (bare bwrap)"])
     print(f"memory mode: {sandbox.memory_mode}; {args.calls} calls per variant")
     for name, values in times.items():

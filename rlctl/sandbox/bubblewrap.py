@@ -35,10 +35,11 @@ from pathlib import Path
 from types import TracebackType
 
 from rlctl.sandbox.errors import NetworkUnavailable, SandboxUnavailable
+from rlctl.sandbox.itemdisk import MAX_INODES, ItemDisk, start_item_disk
 from rlctl.sandbox.memcap import CallCgroup, CgroupRoot, find_cgroup_root
 from rlctl.sandbox.netgate import RELAY, Gate, NetworkPolicy, relay_python
 from rlctl.sandbox.seccomp import build_filter, native_arch
-from rlctl.sandbox.workdir import WorkDir
+from rlctl.sandbox.workdir import WorkDir, remove_tree
 
 WORKDIR = "/work"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -57,6 +58,7 @@ class SandboxLimits:
     file_bytes: int = 64 << 20
     open_files: int = 256
     disk_bytes: int = 256 << 20
+    disk_inodes: int = MAX_INODES  # files and directories of an item's work directory (where it is a tmpfs)
     tmp_bytes: int = 256 << 20  # the sandbox's /tmp (a tmpfs: memory, also counted by the memory cgroup)
 
 
@@ -81,23 +83,33 @@ class Sandbox:
         if self.drop_to_uid is not None:
             os.chown(workdir, self.drop_to_uid, self.drop_to_uid)
 
-    def workdir(self, root: Path) -> WorkDir:
-        """The work directory `root` of calls, made the sandbox user's, with the disk limit."""
-        workdir = WorkDir(root, self.limits.disk_bytes, self.drop_to_uid)
-        self.prepare(workdir.root)
-        return workdir
+    def start(
+        self, workdir: Path, command: str, network: NetworkPolicy | None = None, disk: ItemDisk | None = None
+    ) -> SandboxCall:
+        """The command started in the sandbox (see SandboxCall); `network`: the destinations it may reach; `disk`:
+        the item's tmpfs, mounted at `workdir` in its keeper's namespace, which the call joins."""
+        return SandboxCall(self, workdir, command, network, disk)
 
-    def start(self, workdir: Path, command: str, network: NetworkPolicy | None = None) -> SandboxCall:
-        """The command started in the sandbox (see SandboxCall); `network`: the destinations it may reach."""
-        return SandboxCall(self, workdir, command, network)
+    def item(self, root: Path) -> SandboxItem:
+        """The kept sandbox of one item (an episode): its work directory at `root` (an empty directory), a tmpfs
+        of its own where one can be made, and its calls; close it (or leave its `with` block) when the item ends."""
+        return SandboxItem(self, root)
 
     def argv(
-        self, workdir: Path, command: str, seccomp_fd: int, gate: Gate | None = None, group: CallCgroup | None = None
+        self,
+        workdir: Path,
+        command: str,
+        seccomp_fd: int,
+        gate: Gate | None = None,
+        group: CallCgroup | None = None,
+        disk: ItemDisk | None = None,
     ) -> list[str]:
         """The command line of a call (`seccomp_fd`: an open descriptor of the filter, passed to the call)."""
         outer: list[str] = []
         if group is not None:  # the call's first process joins its cgroup before anything of the sandbox starts
             outer += ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.procs)]
+        if disk is not None:  # then the item's mount namespace, where `workdir` is its tmpfs
+            outer += disk.enter()
         binds = [(str(workdir), WORKDIR, "--bind")]
         binds += [(here, there, "--ro-bind") for here, there in (gate.binds() if gate else [])]
         if self.drop_to_uid is not None:
@@ -184,7 +196,9 @@ class SandboxCall:
     """One command in the sandbox: its process (its own process group, both output streams on one pipe), its
     memory cgroup and its network gate, all ended by `close` (or leaving the `with` block)."""
 
-    def __init__(self, sandbox: Sandbox, workdir: Path, command: str, network: NetworkPolicy | None) -> None:
+    def __init__(
+        self, sandbox: Sandbox, workdir: Path, command: str, network: NetworkPolicy | None, disk: ItemDisk | None = None
+    ) -> None:
         self.group: CallCgroup | None = None
         self.gate: Gate | None = None
         self._closed = False
@@ -198,7 +212,7 @@ class SandboxCall:
             if network is not None and network.destinations:
                 self.gate = Gate(network, sandbox.drop_to_uid)
             self.process = subprocess.Popen(
-                sandbox.argv(workdir, command, seccomp_fd, self.gate, self.group),
+                sandbox.argv(workdir, command, seccomp_fd, self.gate, self.group, disk),
                 env={},  # bwrap needs nothing; the command's environment is set with --setenv
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -241,6 +255,45 @@ class SandboxCall:
             self.group.remove()
 
     def __enter__(self) -> SandboxCall:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class SandboxItem:
+    """One item's sandbox, kept from its first call to its end: a work directory that is a tmpfs of its own
+    (itemdisk.py: bytes and inodes capped by the kernel while every call runs) where the service is root, else an
+    ordinary directory whose files are counted after each call (`disk_mode`: `tmpfs` or `scan`); each call is a
+    fresh sandbox (SandboxCall) in it. Closing it ends the tmpfs (its files go with it) and removes `root`."""
+
+    def __init__(self, sandbox: Sandbox, root: Path) -> None:
+        self.sandbox = sandbox
+        self.root = root  # where calls bind /work from (inside the keeper's namespace, when there is one)
+        limits = sandbox.limits
+        found = start_item_disk(root, limits.disk_bytes, limits.disk_inodes, sandbox.drop_to_uid)
+        self.disk = found if isinstance(found, ItemDisk) else None
+        self.disk_refusal = found if isinstance(found, str) else None  # why the directory is counted instead
+        if self.disk is None:
+            sandbox.prepare(root)
+        self.workdir = WorkDir(root, limits.disk_bytes, sandbox.drop_to_uid, self.disk)
+
+    @property
+    def disk_mode(self) -> str:
+        return "tmpfs" if self.disk is not None else "scan"
+
+    def start(self, command: str, network: NetworkPolicy | None = None) -> SandboxCall:
+        return self.sandbox.start(self.root, command, network, self.disk)
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
+            self.disk = None
+        remove_tree(self.root)
+
+    def __enter__(self) -> SandboxItem:
         return self
 
     def __exit__(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlctl.sandbox.bubblewrap import Sandbox
 from rlctl.sandbox.errors import SandboxError
+from rlctl.sandbox.itemdisk import ItemDisk
 from rlctl.sandbox.netgate import NetworkPolicy
 
 
@@ -31,10 +32,12 @@ def run_command(
     timeout_s: float,
     output_limit: int,
     network: NetworkPolicy | None = None,
+    disk: ItemDisk | None = None,
 ) -> CommandResult:
-    """Runs `bash -c command` in the sandbox; raises SandboxError when the sandbox cannot be started."""
+    """Runs `bash -c command` in the sandbox (in the namespace of the item's tmpfs `disk`, where there is one);
+    raises SandboxError when the sandbox cannot be started."""
     try:
-        started = sandbox.start(workdir, command, network)
+        started = sandbox.start(workdir, command, network, disk)
     except OSError as error:  # e.g. a memory cgroup or the network gate's directory could not be made
         raise SandboxError(str(error)) from error
     with started as call:

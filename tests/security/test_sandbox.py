@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def toolbox(tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
     work = tmp_path / "work"
     work.mkdir()
-    yield Toolbox(list(TOOL_NAMES), work, timeout_s=5.0, output_limit=4000, sandbox=sandbox)
+    with Toolbox(list(TOOL_NAMES), work, timeout_s=5.0, output_limit=4000, sandbox=sandbox) as toolbox:
+        yield toolbox
 
 
 def call(toolbox: Toolbox, name: str, **arguments: object) -> dict:
@@ -132,8 +134,10 @@ def test_links_made_in_the_sandbox_cannot_make_the_file_tools_escape(toolbox: To
     # Inside the sandbox the host's files are not visible: a hard link to them cannot even be attempted.
     linked = run(toolbox, f"ln {outside} hard.txt 2>&1; ln -s {outside} soft.txt; ln -s / root; mkfifo pipe")
     assert "No such file" in linked["output"] or "cannot" in linked["output"]
-    # Links made from the host (as a leaked path would let) are refused by the file tools.
-    os.link(outside, toolbox.workdir.root / "host-hard.txt")
+    # Links made from the host (as a leaked path would let) are refused by the file tools: a file with a second name
+    # (the item's tmpfs is a file system of its own, so the second name is made there, of one of its files).
+    toolbox.workdir.write("mine.txt", b"mine")
+    os.link(toolbox.workdir.root / "mine.txt", toolbox.workdir.root / "host-hard.txt")
     for path in ("soft.txt", "root/etc/passwd", "host-hard.txt", "pipe", "../service-file.txt", str(outside)):
         for result in (call(toolbox, "read_file", path=path), call(toolbox, "write_file", path=path, content="x")):
             assert "outside the working directory" in result.get("error", ""), (path, result)
@@ -149,6 +153,32 @@ def test_file_size_and_output_limits(toolbox: Toolbox) -> None:
     assert (toolbox.workdir.root / "big.bin").stat().st_size <= toolbox.sandbox.limits.file_bytes  # type: ignore[union-attr]
     flood = run(toolbox, "yes 0123456789 | head -c 5000000")
     assert flood["truncated"] and len(flood["output"]) == 4000
+
+
+def test_an_items_disk_limits_hold_while_a_call_runs_whatever_its_paths(sandbox: Sandbox, tmp_path: Path) -> None:
+    """Bytes and files are capped by the kernel as the command writes (the item's tmpfs): a command cannot hold
+    more while it runs, nor hide bytes below a path longer than the OS allows."""
+    small = replace(sandbox, limits=replace(sandbox.limits, disk_bytes=8 << 20, disk_inodes=300))
+    root = tmp_path / "item"
+    root.mkdir()
+    with Toolbox(["terminal"], root, timeout_s=20.0, output_limit=4000, sandbox=small) as toolbox:
+        if toolbox.item is None or toolbox.item.disk_mode != "tmpfs":
+            pytest.skip(f"no item tmpfs here: {toolbox.item.disk_refusal if toolbox.item else 'no sandbox'}")
+        assert str(root) not in Path("/proc/self/mountinfo").read_text()  # the host never sees the mount
+        filled = run(toolbox, "head -c 12000000 /dev/zero > big.bin; echo exit=$?; ls -s --block-size=1 big.bin")
+        assert "No space left on device" in filled["output"] and "exit=1" in filled["output"], filled
+        assert toolbox.workdir.usage() <= 8 << 20 and "error" not in filled
+        files = run(toolbox, "rm big.bin; i=0; while : > f$i 2>/dev/null; do i=$((i+1)); done; echo made=$i")
+        assert 250 <= int(files["output"].split("made=")[1]) < 300, files
+        deep = run(
+            toolbox,
+            "rm -f f*; n=$(printf 'd%.0s' $(seq 200)); for i in $(seq 120); do mkdir $n && cd $n || break; done; "
+            "head -c 2000000 /dev/zero > bottom.bin; pwd | wc -c",
+        )
+        assert int(deep["output"].split()[-1]) > 4096, deep  # the path is longer than PATH_MAX
+        assert toolbox.workdir.usage() >= 2_000_000  # and the bytes under it count
+        keeper = toolbox.item.disk.process  # type: ignore[union-attr]
+    assert keeper.returncode is not None and not root.exists()  # the tmpfs ended with the item
 
 
 def test_without_a_sandbox_terminal_refuses_and_creation_is_refused(tmp_path: Path) -> None:

@@ -72,10 +72,23 @@ def unnamed() -> Iterator[Site]:
         yield server
 
 
+_made: list[Toolbox] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_toolboxes() -> Iterator[None]:
+    """Each toolbox keeps its item's sandbox (a tmpfs's keeper process): ended with its test, even a failing one."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def toolbox_for(tmp_path: Path, sandbox: Sandbox, network: NetworkPolicy | None, name: str = "work") -> Toolbox:
     work = tmp_path / name
     work.mkdir()
-    return Toolbox(list(TOOL_NAMES), work, timeout_s=20.0, output_limit=8000, sandbox=sandbox, network=network)
+    made = Toolbox(list(TOOL_NAMES), work, timeout_s=20.0, output_limit=8000, sandbox=sandbox, network=network)
+    _made.append(made)
+    return made
 
 
 def run(toolbox: Toolbox, command: str) -> dict[str, Any]:
@@ -173,7 +186,7 @@ def test_seccomp_blocks_kernel_surfaces_with_eperm(tmp_path: Path, sandbox: Sand
         "os._exit(0) if pid == 0 else print('fork', os.waitpid(pid, 0)[1])\n"
     )
     toolbox = toolbox_for(tmp_path, sandbox, None)
-    (toolbox.workdir.root / "probe.py").write_text(probe)
+    toolbox.workdir.write("probe.py", probe.encode())
     result = run(toolbox, "grep Seccomp: /proc/self/status; python3 probe.py; unshare --mount true; echo u=$?")
     lines = result["output"].splitlines()
     assert "Seccomp:\t2" in lines, result  # filter mode

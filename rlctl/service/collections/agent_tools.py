@@ -85,7 +85,20 @@ class Toolbox:
         self.output_limit = output_limit
         self.sandbox = sandbox  # None where no sandbox can be made: `terminal` then refuses to run
         self.network = network  # the destinations `terminal` may reach; None: no network at all
-        self.workdir = sandbox.workdir(workdir) if sandbox else WorkDir(workdir, LIMITS.disk_bytes)
+        # The item's kept sandbox: its work directory a tmpfs of its own where one can be made (ended by close)
+        self.item = sandbox.item(workdir) if sandbox else None
+        self.workdir = self.item.workdir if self.item else WorkDir(workdir, LIMITS.disk_bytes)
+
+    def close(self) -> None:
+        """Ends the item's sandbox (its tmpfs and work directory go with it)."""
+        if self.item is not None:
+            self.item.close()
+
+    def __enter__(self) -> Toolbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def schemas(self) -> list[dict[str, Any]]:
         return [SCHEMAS[name] for name in self.names]
@@ -109,11 +122,14 @@ class Toolbox:
             raise ToolError("command must be a non-empty string")
         if "\x00" in command:
             raise ToolError("command must not contain NUL")
-        if self.sandbox is None:
+        if self.sandbox is None or self.item is None:
             raise ToolError("no sandbox can be made here: the terminal tool never runs unsandboxed")
         self.workdir.check_room(0)
+        item = self.item
         try:
-            ran = run_command(self.sandbox, self.workdir.root, command, self.timeout_s, self.output_limit, self.network)
+            ran = run_command(
+                self.sandbox, item.root, command, self.timeout_s, self.output_limit, self.network, item.disk
+            )
         except SandboxError as error:  # e.g. resumed where the relay's Python is gone
             raise ToolError(f"the sandbox could not be started: {error}") from None
         result: dict[str, Any] = {"exit_code": ran.exit_code, "output": ran.output, "truncated": ran.truncated}

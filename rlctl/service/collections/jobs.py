@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -24,6 +23,7 @@ import openai
 from sqlalchemy import select
 
 from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox
+from rlctl.sandbox.workdir import remove_tree
 from rlctl.service.collections import service
 from rlctl.service.collections.agent import (
     MAX_RESPONSE_BYTES,
@@ -81,7 +81,7 @@ def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
         mark(ctx, collection_id, status=CollectionStatus.FAILED, error=ctx.scrub(f"{type(error).__name__}: {error}"))
         raise
     mark(ctx, collection_id, status=CollectionStatus.COMPLETED, dataset_id=result["dataset_id"], error=None)
-    shutil.rmtree(collection_dir(ctx, collection_id) / "items", ignore_errors=True)
+    remove_tree(collection_dir(ctx, collection_id) / "items")
     return result
 
 
@@ -162,7 +162,7 @@ class CollectionRun:
         if self._stopping():
             return
         workdir = self.directory / "sandboxes" / f"{prompt_index}-{run_index}"
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)  # what an interrupted run left (never raises, however deep)
         workdir.mkdir(parents=True)
         toolbox = Toolbox(
             self.params["tools"],
@@ -185,7 +185,8 @@ class CollectionRun:
             self._record_failure(prompt_index, run_index, error)
             return
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            toolbox.close()
+            remove_tree(workdir)
         with self._lock:
             self._consecutive_connection_failures = 0
         self._record_trajectory(prompt_index, run_index, trajectory, toolbox)
