@@ -93,6 +93,13 @@ class Settings(BaseSettings):
         "at once, over all its requests (docs/SECURITY.md#bounded-input).",
     )
     job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")
+    mcp_sessions_per_token: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="Open MCP sessions (handshake-era clients) per token: a new one ends the token's least recently "
+        "used idle session; with every one busy it is refused (429 MCP_SESSION_QUOTA).",
+    )
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     default_backend: Backend | None = Field(

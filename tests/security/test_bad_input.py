@@ -132,7 +132,7 @@ def test_unauthorized_answers_name_the_scheme(make_settings: Any) -> None:
             assert client.get("/mcp").status_code == 405  # no idle event streams to hold open
 
 
-def test_a_bad_tool_session_on_mcp_is_an_invalid_params_error(make_settings: Any) -> None:
+def test_a_bad_tool_session_on_mcp_is_a_tool_error_with_its_code(make_settings: Any) -> None:
     async def attempt(base_url: str) -> Any:
         headers = {"Authorization": "Bearer tok-2", "X-Tool-Session": "../../bad session"}
         async with (
@@ -141,17 +141,12 @@ def test_a_bad_tool_session_on_mcp_is_an_invalid_params_error(make_settings: Any
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            try:
-                await session.call_tool("rl_list_environments", {})
-            except Exception as error:  # noqa: BLE001 - the error is what is checked
-                return error
-            return None
+            return await session.call_tool("rl_list_environments", {})
 
     with live_service(make_settings(api_token="tok-2")) as live:
-        error = anyio.run(attempt, live.base_url)
-    assert error is not None and getattr(error, "error", None) is not None, error
-    assert error.error.code == -32602 and "Traceback" not in str(error)
-    assert error.error.data["code"] == "INVALID_NAME"
+        result = anyio.run(attempt, live.base_url)
+    assert result.is_error is True and "Traceback" not in str(result)
+    assert result.structured_content["code"] == "INVALID_NAME"
 
 
 def test_log_lines_hold_no_line_break_from_a_request() -> None:

@@ -11,7 +11,6 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError
 
 from rlctl.service.settings import Settings
 from tests.support.live import live_service
@@ -94,8 +93,8 @@ def test_the_agent_workflow_over_mcp(run_settings: Callable[..., Settings]) -> N
         assert second["rate_limited"] is True
         assert (await agent.call("rl_stop_training", run_id=run_id))["status"] == "stopped"
         assert (await agent.call("rl_get_results", run_id=run_id))["status"] == "stopped"
-        with pytest.raises(MCPError):
-            await agent.session.call_tool("rl_no_such_tool", {})
+        unknown = await agent.session.call_tool("rl_no_such_tool", {})
+        assert unknown.is_error is True and unknown.structured_content["code"] == "TOOL_NOT_FOUND"
 
     with live_service(run_settings(api_token=TOKEN, local_total_steps=10_000)) as live:
         anyio.run(with_agent, live.base_url, work)

@@ -16,6 +16,7 @@ from rlctl.service.app import create_app
 from rlctl.service.tools.catalog import ALL_TOOLS
 from rlctl.service.tools.json_schemas import admits_null
 from rlctl.service.tools.registry import Tool
+from rlctl.service.tools.sessions import SESSION_ARGUMENT
 from tests.conftest import build_settings
 
 # The required arguments of each tool, valid in form: what a call needs besides its optional arguments.
@@ -52,7 +53,9 @@ REQUIRED: dict[str, dict[str, Any]] = {
 
 
 def optional_arguments(tool: Tool[Any]) -> list[str]:
-    return [name for name, field in tool.arguments.model_fields.items() if not field.is_required()]
+    """The model's optional arguments, and a stateful tool's `tool_session` (null: the session of the call)."""
+    optional = [name for name, field in tool.arguments.model_fields.items() if not field.is_required()]
+    return [*optional, SESSION_ARGUMENT] if tool.stateful else optional
 
 
 def object_schemas(schema: Any) -> Iterator[dict[str, Any]]:

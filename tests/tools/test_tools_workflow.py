@@ -27,8 +27,8 @@ def test_the_whole_agent_workflow(run_settings: Callable[..., Settings]) -> None
     with in_process_service(run_settings(local_total_steps=10_000)) as live, live.client() as client:
         first = client.post("/tools/rl_list_environments", json={})
         listed = first.json()
-        session = listed["tool_session"]  # no session named: a new one, also in the header
-        assert first.headers["X-Tool-Session"] == session and session.startswith("s-")
+        assert first.headers["X-Tool-Session"] == "default"  # no session named: the token's default one
+        session = "workflow"
         assert {"echo", "gsm8k"} <= {e["name"] for e in listed["environments"]}
         assert listed["count"] == len(listed["environments"]) and listed["tips"]
 
@@ -97,21 +97,16 @@ def test_two_sessions_do_not_disturb_each_other_and_survive_a_restart(
         assert "no environment selected" in default["error"] and "echo" in default["available"]
 
 
-def test_calls_without_a_session_never_share_one(service: Service) -> None:
+def test_calls_without_a_session_share_the_tokens_default_one(service: Service) -> None:
+    """Clients that name no session (the newest MCP protocol, plain REST) keep their selection between calls."""
     with service.client() as client:
         selected = client.post("/tools/rl_select_environment", json={"name": "echo"})
-        assert selected.status_code == 200
-        mine = selected.json()["tool_session"]
-        assert selected.headers["X-Tool-Session"] == mine
-        other = client.post("/tools/rl_get_current_config", json={})
-        assert other.json()["tool_session"] != mine and "no environment selected" in other.json()["error"]
-        again = client.post("/tools/rl_get_current_config", json={}, headers={"X-Tool-Session": mine})
-        assert again.json()["environment"] == "echo" and "tool_session" not in again.json()
-        assert again.headers["X-Tool-Session"] == mine
-        # `default` is a session like any other, used only by those who name it
-        call(client, "rl_select_environment", "default", name="gsm8k")
-        assert call(client, "rl_get_current_config", "default")["environment"] == "gsm8k"
-        assert "no environment selected" in call(client, "rl_get_current_config")["error"]
+        assert selected.status_code == 200 and selected.headers["X-Tool-Session"] == "default"
+        assert "tool_session" not in selected.json()
+        assert call(client, "rl_get_current_config")["environment"] == "echo"
+        assert call(client, "rl_get_current_config", "default")["environment"] == "echo"
+        # a named session is apart from it
+        assert "no environment selected" in call(client, "rl_get_current_config", "mine")["error"]
         # the name Hermes users know finds the environment
         assert call(client, "rl_select_environment", "alias", name="gsm8k_tinker")["environment"] == "gsm8k"
 

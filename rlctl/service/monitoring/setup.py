@@ -25,8 +25,16 @@ def install_monitoring(app: FastAPI, context: AppContext, dependencies: Sequence
     registry.register(DatabaseStateCollector(context.db))
     app.state.metrics_registry = registry
     app.include_router(_metrics_router(), dependencies=list(dependencies))
-    templates = RouteTemplates(lambda: app.openapi()["paths"])
+    templates = RouteTemplates(lambda: _route_paths(app))
     app.add_middleware(AccessMiddleware, metrics=HttpMetrics(registry), templates=templates)
+
+
+def _route_paths(app: FastAPI) -> list[str]:
+    """The documented paths, then the routes outside the OpenAPI document (/mcp, /metrics), so that none of
+    them is counted as unmatched."""
+    paths = list(app.openapi()["paths"])
+    others = (getattr(route, "path", None) for route in app.routes)
+    return [*paths, *(path for path in others if isinstance(path, str) and path not in paths)]
 
 
 def _metrics_router() -> APIRouter:

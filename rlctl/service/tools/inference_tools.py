@@ -65,6 +65,7 @@ INFERENCE_TOOLS: tuple[Tool[Any], ...] = (
         test_inference,
         Hints(open_world=True),
         scope=Scope.OPERATE,
+        stateful=True,
     ),
     Tool(
         "rl_get_inference_test",

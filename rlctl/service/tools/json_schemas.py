@@ -132,10 +132,23 @@ def _nested_without_nulls(annotation: Any, value: Any) -> Any:
     model = _model_in(annotation)
     if model is not None and isinstance(value, Mapping):
         return without_default_nulls(model, value)
-    if typing.get_origin(annotation) is list and isinstance(value, list):
-        (item,) = typing.get_args(annotation) or (Any,)
+    item = _list_item(annotation)
+    if item is not None and isinstance(value, list):
         return [_nested_without_nulls(item, element) for element in value]
     return value
+
+
+def _list_item(annotation: Any) -> Any | None:
+    """The item type of a list annotation, also inside Optional / a union / Annotated (`list[RewardSpec] | None`:
+    an optional list of objects); None for anything else."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        return (typing.get_args(annotation) or (Any,))[0]
+    if origin is typing.Annotated:
+        return _list_item(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return next((item for arg in typing.get_args(annotation) if (item := _list_item(arg)) is not None), None)
+    return None
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

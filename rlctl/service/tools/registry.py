@@ -24,7 +24,7 @@ from rlctl.service.errors import NotFound, ServiceError
 from rlctl.service.runs.ratelimit import status_rule
 from rlctl.service.settings import Settings
 from rlctl.service.tools.json_schemas import JsonSchema, output_schema, strict_input_schema, without_default_nulls
-from rlctl.service.tools.sessions import SessionState
+from rlctl.service.tools.sessions import SESSION_ARGUMENT, SESSION_ARGUMENT_SCHEMA, SessionState
 
 logger = logging.getLogger("rlctl.tools")
 
@@ -78,6 +78,7 @@ class Tool(Generic[ArgumentsT]):
     handler: Callable[[AppContext, SessionState, ArgumentsT], BaseModel]
     hints: Hints = field(default_factory=Hints)
     scope: Scope | None = None  # the scope a token needs to see and call it; every tool declares one
+    stateful: bool = False  # reads or writes the tool session: takes the `tool_session` argument
 
     def __post_init__(self) -> None:
         if self.scope is None:
@@ -88,7 +89,11 @@ class Tool(Generic[ArgumentsT]):
 
     @cached_property
     def input_schema(self) -> JsonSchema:
-        return strict_input_schema(self.arguments)
+        schema = strict_input_schema(self.arguments)
+        if self.stateful:
+            schema["properties"] = {**schema.get("properties", {}), SESSION_ARGUMENT: SESSION_ARGUMENT_SCHEMA}
+            schema["required"] = [*schema.get("required", ()), SESSION_ARGUMENT]
+        return schema
 
     @cached_property
     def output_schema(self) -> JsonSchema:
@@ -109,6 +114,8 @@ class Tool(Generic[ArgumentsT]):
         """The arguments as the tool's model, validated as JSON (no coercion of strings to numbers); a null for
         an optional argument means its default. Raises ValidationError."""
         if isinstance(arguments, Mapping):
+            if self.stateful:  # the session was resolved from it before the call
+                arguments = {k: v for k, v in arguments.items() if k != SESSION_ARGUMENT}
             arguments = without_default_nulls(self.arguments, arguments)
         return self.arguments.model_validate_json(json.dumps(arguments), strict=True)
 

@@ -252,6 +252,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         select_environment,
         Hints(idempotent=True),
         scope=Scope.OPERATE,
+        stateful=True,
     ),
     Tool(
         "rl_get_current_config",
@@ -262,6 +263,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         get_current_config,
         Hints(read_only=True, idempotent=True),
         scope=Scope.READ,
+        stateful=True,
     ),
     Tool(
         "rl_edit_config",
@@ -271,6 +273,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         edit_config,
         Hints(idempotent=True),
         scope=Scope.OPERATE,
+        stateful=True,
     ),
     Tool(
         "rl_start_training",
@@ -282,6 +285,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         start_training,
         Hints(open_world=True),
         scope=Scope.OPERATE,
+        stateful=True,
     ),
     Tool(
         "rl_check_status",
@@ -289,7 +293,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         RunArgs,
         StatusResult | RateLimitedResult,
         check_status,
-        Hints(read_only=True),
+        Hints(),  # not read-only: a live check spends the run's allowance (docs/RUNS.md)
         scope=Scope.READ,
     ),
     Tool(

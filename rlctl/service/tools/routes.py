@@ -22,8 +22,8 @@ SessionHeader = Annotated[
     Header(
         alias="X-Tool-Session",
         pattern=NAME_PATTERN,
-        description="The agent's tool session (selected environment, pending config). Absent: a new session, "
-        "whose id comes back in the X-Tool-Session response header and the result's `tool_session`.",
+        description="The agent's tool session (selected environment, pending config), this token's own. A tool's "
+        "`tool_session` argument names one too and wins; neither: the token's `default` session.",
     ),
 ]
 
@@ -57,8 +57,7 @@ async def call_tool(
 ) -> dict[str, Any]:
     """Run one tool. Tool errors (bad arguments, unknown run, locked field, ...) are results with an `error`
     field, not HTTP errors; an unknown tool name is a 404, a tool the token lacks the scope of a 403. The tool
-    session's id comes back in the X-Tool-Session header; a session created for this call also in the result's
-    `tool_session`."""
+    session the call ran in is named in the X-Tool-Session response header."""
     call = await run_in_threadpool(service.call_tool, ctx, name, arguments, x_tool_session, principal)
-    response.headers["X-Tool-Session"] = call.session_id
-    return {**call.result, "tool_session": call.session_id} if call.created else call.result
+    response.headers["X-Tool-Session"] = call.session
+    return call.result

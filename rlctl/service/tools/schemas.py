@@ -217,6 +217,7 @@ class StatusResult(BaseModel):
     logs: dict[str, str]
     live: bool = Field(description="False for an ended run: its final state, outside the rate limit.")
     next_check_in_seconds: float
+    rate_limited: Literal[False] = Field(description="Always false here: the check was answered.")
 
 
 class RateLimitedResult(BaseModel):
