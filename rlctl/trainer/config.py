@@ -10,12 +10,16 @@ from typing import Any
 import yaml
 
 from rlctl.trainer.defaults import (
+    ADVANTAGE_NORMALIZATIONS,
+    DEFAULT_KL_COEF,
     LOCAL_DEFAULTS,
+    LORA_ALPHA_PER_RANK,
     LOSS_FUNCTIONS,
     PPO_CLIP_HIGH,
     PPO_CLIP_LOW,
     SAMPLING_ERROR_BUDGET,
     TINKER_DEFAULTS,
+    TINKER_LOSS_FUNCTIONS,
     TRAINING_ERROR_BUDGET,
 )
 from rlctl.trainer.grpo import PolicyLoss
@@ -64,6 +68,15 @@ class TrainerConfig:
     training_error_budget: int  # consecutive failed training steps that fail the run
     health: HealthRules  # best checkpoint and collapse detection (docs/TRAINER.md#run-health)
     normalize_advantages: bool = False  # divide each group's advantages by its reward std (dataset runs may ask)
+    # Training options (docs/TRAINER.md#training-options); None: from normalize_advantages.
+    advantage_normalization: str | None = None
+    kl_coef: float = DEFAULT_KL_COEF
+    lora_alpha: int | None = None  # None: LORA_ALPHA_PER_RANK × lora_rank
+    mask_truncated_completions: bool = False
+
+    @property
+    def effective_lora_alpha(self) -> int:
+        return self.lora_alpha if self.lora_alpha is not None else LORA_ALPHA_PER_RANK * self.lora_rank
 
     @property
     def loss(self) -> PolicyLoss:
@@ -142,6 +155,10 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         training_error_budget=_typed(tinker, "training_error_budget", int, TRAINING_ERROR_BUDGET),
         health=_health_rules(tinker),
         normalize_advantages=_typed(tinker, "normalize_advantages", bool, False),
+        advantage_normalization=_typed(tinker, "advantage_normalization", str, None),
+        kl_coef=_typed(tinker, "kl_coef", float, DEFAULT_KL_COEF),
+        lora_alpha=_typed(tinker, "lora_alpha", int, None),
+        mask_truncated_completions=_typed(tinker, "mask_truncated_completions", bool, False),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))
@@ -152,7 +169,29 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         raise ConfigError(f"tinker.loss_fn must be one of {LOSS_FUNCTIONS}, got {config.loss_fn!r}")
     if not 0 < config.clip_low_threshold <= 1 <= config.clip_high_threshold:
         raise ConfigError("tinker.clip_low_threshold and clip_high_threshold must bound 1: 0 < low <= 1 <= high")
+    _check_options(config)
     return config
+
+
+def _check_options(config: TrainerConfig) -> None:
+    """The training options' values, and what the tinker backend cannot honour: refused, never ignored."""
+    if config.advantage_normalization not in (None, *ADVANTAGE_NORMALIZATIONS):
+        raise ConfigError(
+            f"tinker.advantage_normalization must be one of {ADVANTAGE_NORMALIZATIONS}, "
+            f"got {config.advantage_normalization!r}"
+        )
+    if config.kl_coef < 0:
+        raise ConfigError(f"tinker.kl_coef must be at least 0, got {config.kl_coef}")
+    if config.lora_alpha is not None:
+        _positive("lora_alpha", config.lora_alpha)
+    if config.backend != "tinker":
+        return
+    if config.loss_fn not in TINKER_LOSS_FUNCTIONS:
+        raise ConfigError(f"the tinker backend has no loss {config.loss_fn!r}: one of {TINKER_LOSS_FUNCTIONS}")
+    if config.kl_coef:
+        raise ConfigError("the tinker backend has no reference model: tinker.kl_coef must be 0")
+    if config.lora_alpha is not None:
+        raise ConfigError("the tinker backend chooses LoRA's alpha itself: tinker.lora_alpha must be unset")
 
 
 def _health_rules(tinker: dict[str, Any]) -> HealthRules:

@@ -52,16 +52,27 @@ LOCAL_DEFAULTS: BackendDefaults = {
     "max_token_length": 512,
     "max_token_trainer_length": 1024,
     "save_checkpoint_interval": 20,
-    "steps_per_eval": 1000,
+    # At most half of total_steps, so every run evaluates at least twice (docs/TRAINER.md#training-options).
+    "steps_per_eval": 20,
     # The high learning rate that makes the tiny model learn in minutes also overshoots: without a clipped
     # ratio about one run in 25 collapsed to a policy whose every reply scored 0 (docs/TRAINER.md#grpo-step).
     "loss_fn": "ppo",
 }
 
-# The losses both backends compute, by Tinker's names, and the PPO ratio bounds (Tinker's defaults).
-LOSS_FUNCTIONS = ("importance_sampling", "ppo")
+# The losses, by Tinker's names, and the PPO ratio bounds (Tinker's defaults). `gspo` (a sequence-level clipped
+# ratio, Qwen's GSPO) is computed by the local backend only: Tinker has no such loss (docs/TRAINER.md#training-options).
+LOSS_FUNCTIONS = ("importance_sampling", "ppo", "gspo")
+TINKER_LOSS_FUNCTIONS = ("importance_sampling", "ppo")
 PPO_CLIP_LOW = 0.8
 PPO_CLIP_HIGH = 1.2
+# How a group's rewards become advantages: reward - group mean (the seed's GRPO), that divided by the group's
+# standard deviation, or the raw reward (no baseline).
+ADVANTAGE_NORMALIZATIONS = ("group_mean", "mean_std", "none")
+DEFAULT_ADVANTAGE_NORMALIZATION = "group_mean"
+# The KL penalty to the reference model (the base with the adapter off): none by default, as in the seed.
+DEFAULT_KL_COEF = 0.0
+# LoRA's alpha is twice its rank unless a run says otherwise (the seed's choice; Tinker fixes its own).
+LORA_ALPHA_PER_RANK = 2
 
 # Tinker's Adam settings (docs/TRAINER.md#grpo-step); the local backend uses the same.
 ADAM_BETA1 = 0.9

@@ -41,9 +41,23 @@ class ModelSampler(Protocol):
     def sample(self, request: SamplingRequest) -> list[Completion]: ...
 
 
+def adapter_shape(adapter: str | None, default_rank: int) -> tuple[int, int | None]:
+    """(rank, alpha) of a checkpoint's LoRA adapter, from its adapter_config.json, so a checkpoint loads with
+    whatever the run trained (docs/TRAINER.md#training-options); the default rank and alpha without one."""
+    if adapter is None:
+        return default_rank, None
+    try:
+        saved = json.loads((Path(adapter) / "adapter_config.json").read_text())
+        return int(saved["r"]), int(saved["lora_alpha"]) if saved.get("lora_alpha") is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return default_rank, None
+
+
 def backend_for(spec: dict[str, Any], adapter: str | None, scratch: str) -> LocalBackend:
     """The local backend on the spec's base model, with a checkpoint's LoRA adapter directory or without one."""
     from rlctl.trainer.backends.local import LocalBackend  # torch: imported for local models only
+
+    rank, alpha = adapter_shape(adapter, int(spec.get("lora_rank") or 8))
 
     config = parse_config(
         {
@@ -51,7 +65,8 @@ def backend_for(spec: dict[str, Any], adapter: str | None, scratch: str) -> Loca
             "tinker": {
                 "backend": "local",
                 "base_model": spec["base_model"],
-                "lora_rank": int(spec.get("lora_rank") or 8),
+                "lora_rank": rank,
+                "lora_alpha": alpha,
                 "inference_port": 1,
                 "run_dir": scratch,
                 "seed": int(spec.get("seed") or 0),

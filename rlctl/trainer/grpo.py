@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlctl.trainer.defaults import PPO_CLIP_HIGH, PPO_CLIP_LOW
+from rlctl.trainer.defaults import DEFAULT_ADVANTAGE_NORMALIZATION, PPO_CLIP_HIGH, PPO_CLIP_LOW
 from rlctl.trainer.failures import UNSUPPORTED_BATCH, TrainingHalted
 from rlctl.trajectories.grpo import group_advantages
 
@@ -46,6 +46,7 @@ class PreparedBatch:
     trained_advantages: list[float] = field(default_factory=list)  # one per datum
     num_groups: int = 0
     skipped_groups: int = 0
+    truncated: int = 0  # rollouts whose completion has no stop token or was cut at the trainer's length
 
     @property
     def num_sequences(self) -> int:
@@ -56,17 +57,20 @@ class PreparedBatch:
 class PolicyLoss:
     """The per-token loss of a step (docs/TRAINER.md#grpo-step), by Tinker's names: `importance_sampling` weighs
     the advantage by the ratio of current to sampler probability; `ppo` clips that ratio to [clip_low, clip_high]
-    and takes the smaller objective, so a token the policy already moved far from its sampler pushes no further."""
+    and takes the smaller objective, so a token the policy already moved far from its sampler pushes no further;
+    `gspo` clips one ratio per sequence, the geometric mean of its tokens' ratios (GSPO), the same on every token."""
 
     name: str = "importance_sampling"
     clip_low: float = PPO_CLIP_LOW
     clip_high: float = PPO_CLIP_HIGH
 
     def token_loss(self, logprob: float, sampler_logprob: float, advantage: float) -> float:
-        ratio = math.exp(logprob - sampler_logprob)
-        if self.name == "ppo":
-            clipped = min(max(ratio, self.clip_low), self.clip_high)
-            return -min(ratio * advantage, clipped * advantage)
+        return self._clipped_loss(math.exp(logprob - sampler_logprob), advantage, self.name != "importance_sampling")
+
+    def _clipped_loss(self, ratio: float, advantage: float, clipped: bool) -> float:
+        if clipped:
+            bounded = min(max(ratio, self.clip_low), self.clip_high)
+            return -min(ratio * advantage, bounded * advantage)
         return -ratio * advantage
 
     def tinker_config(self) -> dict[str, float] | None:
@@ -75,13 +79,35 @@ class PolicyLoss:
             return None
         return {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
 
+    def datum_loss(self, datum: TrainingDatum, logprobs: Sequence[float]) -> float:
+        """The loss summed over the datum's target tokens."""
+        sampled = datum.sampler_logprobs or []
+        if self.name != "gspo":
+            return sum(
+                self.token_loss(current, old, advantage)
+                for current, old, advantage in zip(logprobs, sampled, datum.advantages, strict=True)
+            )
+        diffs = [c - o for c, o, kept in zip(logprobs, sampled, datum.completion_mask, strict=True) if kept]
+        ratio = math.exp(sum(diffs) / len(diffs)) if diffs else 1.0
+        return sum(self._clipped_loss(ratio, advantage, True) for advantage in datum.advantages if advantage)
+
     def summed(self, data: Sequence[TrainingDatum], logprobs: Sequence[Sequence[float]]) -> float:
         """The loss summed over every target token of every datum."""
-        return sum(
-            self.token_loss(current, sampled, advantage)
-            for datum, row in zip(data, logprobs, strict=True)
-            for current, sampled, advantage in zip(row, datum.sampler_logprobs or [], datum.advantages, strict=True)
-        )
+        return sum(self.datum_loss(datum, row) for datum, row in zip(data, logprobs, strict=True))
+
+
+def advantages_of(scores: Sequence[float], normalization: str) -> tuple[float, ...]:
+    """A group's advantages: reward - group mean (`group_mean`), that over the group's std (`mean_std`), or the
+    rewards themselves (`none`)."""
+    if normalization == "none":
+        return tuple(float(score) for score in scores)
+    return group_advantages(scores, normalization == "mean_std")
+
+
+def is_truncated(tokens: Sequence[int], max_length: int, stop_ids: frozenset[int]) -> bool:
+    """A completion ended by the length limit: cut at the trainer's `max_length`, or (when the stop tokens are
+    known) not ending in one."""
+    return len(tokens) > max_length or (bool(stop_ids) and (not tokens or tokens[-1] not in stop_ids))
 
 
 class UnsupportedBatch(TrainingHalted):
@@ -134,14 +160,14 @@ def check_group(group: dict[str, Any]) -> None:
                 raise UnsupportedBatch(f"an advantages row has {len(row)} entries for {len(tokens)} tokens")
 
 
-def rollout_advantages(group: dict[str, Any], normalize_by_std: bool) -> list[float | list[float]]:
+def rollout_advantages(group: dict[str, Any], normalization: str) -> list[float | list[float]]:
     """Each rollout's advantage: the environment's per-token row when it sent `advantages` (its tokens' order),
     else the GRPO advantage of its score; zero for a rollout whose override says `set_advantage_to_zero`."""
     advantages: list[float | list[float]]
     if _present(group.get("advantages")):
         advantages = [[float(value) for value in row] for row in group["advantages"]]
     else:
-        advantages = list(group_advantages([float(score) for score in group["scores"]], normalize_by_std))
+        advantages = list(advantages_of([float(score) for score in group["scores"]], normalization))
     overrides = group.get("overrides") or []
     for index, item in enumerate(overrides[: len(advantages)]):
         if (item or {}).get(SET_ADVANTAGE_TO_ZERO):
@@ -188,9 +214,20 @@ def build_datum(
     )
 
 
-def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int, normalize_by_std: bool = False) -> PreparedBatch:
+def prepare_batch(
+    groups: Sequence[dict[str, Any]],
+    max_length: int,
+    normalize_by_std: bool = False,
+    *,
+    normalization: str | None = None,
+    mask_truncated: bool = False,
+    stop_ids: frozenset[int] = frozenset(),
+) -> PreparedBatch:
     """Datums for every rollout of every group whose advantages are not all zero. Every group is checked first,
-    so a batch with a field the trainer cannot honour trains nothing (UnsupportedBatch)."""
+    so a batch with a field the trainer cannot honour trains nothing (UnsupportedBatch). `normalization` (an
+    ADVANTAGE_NORMALIZATIONS name) overrides `normalize_by_std`; with `mask_truncated` a truncated completion gives
+    no datum (it still counts in its group's mean)."""
+    normalization = normalization or ("mean_std" if normalize_by_std else DEFAULT_ADVANTAGE_NORMALIZATION)
     for group in groups:
         check_group(group)
     batch = PreparedBatch(num_groups=len(groups))
@@ -198,14 +235,20 @@ def prepare_batch(groups: Sequence[dict[str, Any]], max_length: int, normalize_b
         scores = [float(score) for score in group["scores"]]
         batch.rewards.extend(scores)
         batch.completion_lengths.extend(sum(1 for mask in masks if mask != PROMPT_MASK) for masks in group["masks"])
-        advantages = rollout_advantages(group, normalize_by_std)
+        truncated = [is_truncated(tokens, max_length, stop_ids) for tokens in group["tokens"]]
+        batch.truncated += sum(truncated)
+        advantages = rollout_advantages(group, normalization)
+        if mask_truncated:
+            advantages = [0.0 if cut else value for value, cut in zip(advantages, truncated, strict=True)]
         if all(_is_zero(advantage) for advantage in advantages):
             batch.skipped_groups += 1
             continue
         logprobs = group.get("inference_logprobs") or [None] * len(scores)
-        for tokens, masks, advantage, sequence_logprobs in zip(
-            group["tokens"], group["masks"], advantages, logprobs, strict=True
+        for tokens, masks, advantage, sequence_logprobs, cut in zip(
+            group["tokens"], group["masks"], advantages, logprobs, truncated, strict=True
         ):
+            if cut and mask_truncated:  # out of the loss altogether (the KL term included)
+                continue
             datum = build_datum(tokens, masks, advantage, sequence_logprobs, max_length)
             if datum is not None:
                 batch.data.append(datum)
@@ -240,22 +283,40 @@ def completion_values(data: Sequence[TrainingDatum], per_datum: Sequence[Sequenc
     ]
 
 
+def clip_fraction(
+    data: Sequence[TrainingDatum], training: Sequence[Sequence[float]], clip_low: float, clip_high: float
+) -> float:
+    """Share of completion tokens whose ratio of training to sampler probability lies outside the clip range."""
+    ratios = [
+        math.exp(current - sampled)
+        for datum, row in zip(data, training, strict=True)
+        for current, sampled, kept in zip(row, datum.sampler_logprobs or [], datum.completion_mask, strict=True)
+        if kept
+    ]
+    return sum(1 for ratio in ratios if not clip_low <= ratio <= clip_high) / len(ratios) if ratios else 0.0
+
+
 def step_metrics(
     batch: PreparedBatch,
     training_logprobs: Sequence[Sequence[float]],
     loss_sum: float,
     learning_rate: float,
+    loss: PolicyLoss | None = None,
+    token_stats: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """The metrics of one step (docs/TRAINER.md#metrics). Logprob means are over completion tokens only."""
+    """The metrics of one step (docs/TRAINER.md#metrics). Logprob means are over completion tokens only.
+    `token_stats`: sums over completion tokens the backend measured (`entropy_sum`, `kl_sum`, `tokens`)."""
     sampler = completion_values(batch.data, [datum.sampler_logprobs or [] for datum in batch.data])
     training = completion_values(batch.data, training_logprobs) if training_logprobs else []
     trained_tokens = len(training)
-    return {
+    loss = loss or PolicyLoss()
+    metrics = {
         "train/loss": loss_sum / trained_tokens if trained_tokens else 0.0,
         "train/learning_rate": learning_rate,
         "reward/mean": _mean(batch.rewards),
         "reward/std": _std(batch.rewards),
         "completion/mean_tokens": _mean([float(length) for length in batch.completion_lengths]),
+        "completion/truncated_share": batch.truncated / batch.num_sequences if batch.num_sequences else 0.0,
         "logprobs/mean": _mean(sampler),
         "logprobs/mean_training": _mean(training),
         # reference (sampler) − training, the sign the seed pipeline and tinker-atropos log
@@ -267,3 +328,12 @@ def step_metrics(
         "batch/skipped_groups": float(batch.skipped_groups),
         "batch/trained_tokens": float(trained_tokens),
     }
+    if training_logprobs:
+        metrics["policy/clip_fraction"] = clip_fraction(batch.data, training_logprobs, loss.clip_low, loss.clip_high)
+    stats = token_stats or {}
+    if stats.get("tokens"):
+        if "entropy_sum" in stats:
+            metrics["policy/entropy"] = stats["entropy_sum"] / stats["tokens"]
+        if "kl_sum" in stats:
+            metrics["kl/reference"] = stats["kl_sum"] / stats["tokens"]
+    return metrics

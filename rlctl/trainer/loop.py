@@ -20,7 +20,7 @@ from rlctl.trainer.backends import make_backend
 from rlctl.trainer.backends.base import TrainingBackend
 from rlctl.trainer.config import TrainerConfig
 from rlctl.trainer.failures import COLLAPSED, SAMPLING_FAILED, TRAINING_FAILED, FailureBudget, TrainingHalted
-from rlctl.trainer.grpo import prepare_batch, step_metrics
+from rlctl.trainer.grpo import PolicyLoss, prepare_batch, step_metrics
 from rlctl.trainer.health import Collapse, RunHealth, best_checkpoint
 from rlctl.trainer.inference_guard import KEY_ENV as INFERENCE_KEY_ENV
 from rlctl.trainer.inference_server import InferenceServer, create_app
@@ -56,6 +56,19 @@ class StepTimings:
         }
 
 
+@dataclass(frozen=True)
+class BatchOptions:
+    """A run's choices of how a batch becomes datums and what its metrics compare against."""
+
+    normalization: str | None = None  # None: from normalize_advantages
+    mask_truncated: bool = False
+    loss: PolicyLoss | None = None
+
+    @classmethod
+    def of(cls, config: TrainerConfig) -> BatchOptions:
+        return cls(config.advantage_normalization, config.mask_truncated_completions, config.loss)
+
+
 @dataclass
 class StepReport:
     metrics: dict[str, float]
@@ -70,10 +83,19 @@ def train_on_batch(
     max_length: int,
     timings: StepTimings,
     normalize_advantages: bool = False,
+    options: BatchOptions | None = None,
 ) -> StepReport:
     """One GRPO step on one Atropos batch; `step` is the number the published weights get."""
     started = time.perf_counter()
-    batch = prepare_batch(groups, max_length, normalize_advantages)
+    options = options or BatchOptions()
+    batch = prepare_batch(
+        groups,
+        max_length,
+        normalize_advantages,
+        normalization=options.normalization,
+        mask_truncated=options.mask_truncated,
+        stop_ids=getattr(backend, "stop_token_ids", frozenset()),
+    )
     missing = [index for index, datum in enumerate(batch.data) if datum.sampler_logprobs is None]
     if missing:  # the environment sent no sampler logprobs: score the rollouts with the current weights
         computed = backend.compute_logprobs([batch.data[index] for index in missing])
@@ -82,9 +104,11 @@ def train_on_batch(
     timings.datum_build_s = time.perf_counter() - started
     training_logprobs: list[list[float]] = []
     loss_sum = 0.0
+    token_stats: dict[str, float] = {}
     if batch.data:
         outcome = backend.train_step(batch.data, learning_rate, step)
         training_logprobs, loss_sum = outcome.result.logprobs, outcome.result.loss_sum
+        token_stats = outcome.result.token_stats
         timings.forward_backward_s = outcome.forward_backward_s
         timings.optimizer_s = outcome.optimizer_s
         timings.publish_s = outcome.publish_s
@@ -92,7 +116,7 @@ def train_on_batch(
         started = time.perf_counter()
         backend.publish_weights(step)
         timings.publish_s = time.perf_counter() - started
-    metrics = step_metrics(batch, training_logprobs, loss_sum, learning_rate)
+    metrics = step_metrics(batch, training_logprobs, loss_sum, learning_rate, options.loss, token_stats)
     tokens = sum(len(datum.input_tokens) for datum in batch.data)
     metrics.update(timings.as_metrics())
     metrics["throughput/tokens_per_s"] = tokens / timings.step_s if timings.step_s > 0 else 0.0
@@ -277,6 +301,7 @@ class Trainer:
                 self.config.max_token_trainer_length,
                 timings,
                 self.config.normalize_advantages,
+                BatchOptions.of(self.config),
             )
         except TrainingHalted:  # e.g. an unsupported batch: no retry could train it
             raise

@@ -7,24 +7,12 @@ target it like any OpenAI-compatible endpoint (docs/TRAINER.md#serving-a-model).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import tempfile
 import threading
-from pathlib import Path
 
 from rlctl.trainer.evaluate import backend_for
 from rlctl.trainer.inference_server import InferenceServer, create_app
-
-
-def adapter_rank(adapter: str | None, default: int) -> int:
-    """The checkpoint's own LoRA rank (its adapter_config.json), so a checkpoint loads whatever the run used."""
-    if adapter is None:
-        return default
-    try:
-        return int(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"])
-    except (OSError, ValueError, KeyError):
-        return default
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = {
         "base_model": args.model,
-        "lora_rank": adapter_rank(args.adapter, args.lora_rank),
+        "lora_rank": args.lora_rank,  # the checkpoint's own rank and alpha win (evaluate.adapter_shape)
         "device": args.device,
     }
     done = threading.Event()

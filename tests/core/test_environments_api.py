@@ -83,9 +83,13 @@ def test_gsm8k_shows_locked_spec_defaults_and_config_init_values(client: httpx.C
     body = client.get("/environments/gsm8k", params={"backend": "tinker"}).json()
     locked = {f["name"]: f["value"] for f in body["locked_fields"]}
     assert locked["tokenizer_name"] == "Qwen/Qwen3-8B"
-    assert locked["total_steps"] == 2500 and locked["lora_rank"] == 32 and locked["learning_rate"] == 4e-5
-    assert locked["max_token_length"] == 8192 and locked["save_checkpoint_interval"] == 25
+    assert locked["total_steps"] == 2500 and locked["learning_rate"] == 4e-5
+    assert locked["save_checkpoint_interval"] == 25
+    assert locked["kl_coef"] == 0.0 and locked["lora_alpha"] is None  # what Tinker cannot honour
     configurable = {f["name"]: f for f in body["configurable_fields"]}
+    # the training options: the operator's values are the defaults (docs/TRAINER.md#training-options)
+    assert configurable["lora_rank"]["default"] == 32 and configurable["max_token_length"]["default"] == 8192
+    assert configurable["loss_fn"]["default"] == "importance_sampling"
     assert configurable["group_size"]["default"] == 16  # config_init(); the class default is 4
     assert configurable["batch_size"]["default"] == 128  # config_init(); the class default is -1
     assert configurable["max_new_tokens"]["type"] == "int"
@@ -118,14 +122,16 @@ def test_preview_merges_edits_and_renders_yaml(client: httpx.Client) -> None:
     ("edits", "code"),
     [
         ({"total_steps": 5}, "FIELD_LOCKED"),
-        ({"lora_rank": 4}, "FIELD_LOCKED"),
+        ({"learning_rate": 0.1}, "FIELD_LOCKED"),
+        ({"kl_coef": 0.1}, "FIELD_LOCKED"),
+        ({"loss_fn": "gspo"}, "VALIDATION_ERROR"),
         ({"not_a_field": 5}, "UNKNOWN_FIELD"),
         ({"difficulty": "hard"}, "VALIDATION_ERROR"),
         ({"difficulty": 11}, "VALIDATION_ERROR"),
     ],
 )
 def test_preview_rejects_bad_edits(client: httpx.Client, edits: dict, code: str) -> None:
-    response = client.post("/environments/extra/config/preview", json={"config": edits})
+    response = client.post("/environments/extra/config/preview", json={"config": edits, "backend": "tinker"})
     assert response.status_code == 422
     assert error_code(response) == code
     assert response.json()["error"]["details"]["field"] == next(iter(edits))

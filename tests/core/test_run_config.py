@@ -24,6 +24,8 @@ SCHEMA = ConfigSchema(
         FieldSchema("wandb_name", "str | None", "demo", "", {"anyOf": [{"type": "string"}, {"type": "null"}]}),
         FieldSchema("temperature", "float", 1.0, "", {"type": "number", "minimum": 0, "maximum": 2}),
         FieldSchema("mode", "Mode", "fast", "", {"$ref": "#/$defs/Mode"}),
+        FieldSchema("max_token_length", "int", 2048, "", {"type": "integer"}),
+        FieldSchema("steps_per_eval", "int", 100, "", {"type": "integer"}),
     ),
     defs={"Mode": {"enum": ["fast", "slow"], "type": "string"}},
 )
@@ -46,7 +48,6 @@ def validate(settings: Settings, edits: dict, backend: str = "tinker") -> dict:
 def test_locked_defaults_match_the_spec(settings: Settings) -> None:
     values = run_config.locked_values(settings, "tinker")
     assert values["tokenizer_name"] == "Qwen/Qwen3-8B"
-    assert values["max_token_length"] == 8192
     assert values["max_num_workers"] == 2048
     assert values["worker_timeout"] == 3600
     assert values["total_steps"] == 2500
@@ -54,7 +55,6 @@ def test_locked_defaults_match_the_spec(settings: Settings) -> None:
     assert values["max_batches_offpolicy"] == 3
     assert values["inference_weight"] == 1.0
     assert values["eval_limit_ratio"] == 0.1
-    assert values["lora_rank"] == 32
     assert values["learning_rate"] == 4e-5
     assert values["max_token_trainer_length"] == 9000
     assert values["save_checkpoint_interval"] == 25
@@ -65,7 +65,8 @@ def test_locked_fields_come_from_settings(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("RLCTL_LORA_RANK", "4")
     values = run_config.locked_values(Settings(_env_file=None), "tinker")
     assert values["total_steps"] == 77
-    assert values["lora_rank"] == 4
+    # lora_rank is a run's to choose; the operator's value is its default
+    assert {f.name: f.default for f in fields(Settings(_env_file=None))}["lora_rank"] == 4
 
 
 def test_configurable_fields_exclude_locked_and_managed_ones(settings: Settings) -> None:
@@ -151,3 +152,83 @@ def test_local_backend_has_its_own_locked_values(settings: Settings) -> None:
     assert values["tokenizer_name"] == str(settings.tiny_model_dir)
     assert values["learning_rate"] == settings.local_learning_rate
     assert values["total_steps"] == settings.local_total_steps
+
+
+def test_training_options_default_to_the_seeds_recipe(settings: Settings) -> None:
+    tinker = {f.name: f.default for f in fields(settings, "tinker")}
+    local = {f.name: f.default for f in fields(settings, "local")}
+    assert tinker["loss_fn"] == "importance_sampling" and local["loss_fn"] == "ppo"
+    assert tinker["lora_rank"] == 32 and local["lora_rank"] == 8
+    assert tinker["max_token_length"] == 8192 and local["max_token_length"] == 512
+    assert local["advantage_normalization"] == "group_mean" and local["kl_coef"] == 0.0
+    assert local["lora_alpha"] is None and local["mask_truncated_completions"] is False
+    assert "kl_coef" not in tinker and "lora_alpha" not in tinker
+
+
+def test_training_options_reach_the_trainer(settings: Settings) -> None:
+    edits = {
+        "backend": "local",
+        "loss_fn": "gspo",
+        "clip_low_threshold": 0.9,
+        "clip_high_threshold": 1.1,
+        "advantage_normalization": "none",
+        "kl_coef": 0.05,
+        "lora_rank": 4,
+        "lora_alpha": 16,
+        "mask_truncated_completions": True,
+        "max_token_length": 256,
+    }
+    assert validate(settings, edits, "local") == edits
+    merged = run_config.build_run_config(
+        "demo", SCHEMA, edits, settings, run_config.RunPlacement(), datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    tinker = merged["tinker"]
+    assert {key: tinker[key] for key in edits if key not in ("backend", "max_token_length")} == {
+        key: value for key, value in edits.items() if key not in ("backend", "max_token_length")
+    }
+    assert merged["env"]["max_token_length"] == 256
+
+
+@pytest.mark.parametrize(
+    ("edits", "error", "code"),
+    [
+        ({"kl_coef": 0.1}, FieldLocked, "FIELD_LOCKED"),
+        ({"lora_alpha": 16}, FieldLocked, "FIELD_LOCKED"),
+        ({"loss_fn": "gspo"}, ValidationFailed, "VALIDATION_ERROR"),
+        ({"advantage_normalization": "batch"}, ValidationFailed, "VALIDATION_ERROR"),
+        ({"clip_low_threshold": 1.5}, ValidationFailed, "VALIDATION_ERROR"),
+        ({"clip_high_threshold": 0.5}, ValidationFailed, "VALIDATION_ERROR"),
+        ({"lora_rank": 0}, ValidationFailed, "VALIDATION_ERROR"),
+        ({"max_token_length": 100_000}, ValidationFailed, "VALIDATION_ERROR"),
+    ],
+)
+def test_tinker_refuses_what_it_cannot_honour(settings: Settings, edits: dict, error: type, code: str) -> None:
+    with pytest.raises(error) as caught:
+        validate(settings, edits, "tinker")
+    assert caught.value.code == code and caught.value.details["field"] in edits
+
+
+def test_the_tinker_lock_names_why(settings: Settings) -> None:
+    with pytest.raises(FieldLocked) as caught:
+        validate(settings, {"kl_coef": 0.1}, "tinker")
+    assert caught.value.details["locked_value"] == 0.0
+    names = [f.name for f in run_config.locked_fields("tinker")]  # type: ignore[arg-type]
+    assert "kl_coef" in names and "lora_alpha" in names
+    assert "kl_coef" not in [f.name for f in run_config.locked_fields("local")]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("backend", "total_steps", "expected"), [("local", None, 20), ("local", 10, 5), ("tinker", 30, 15)]
+)
+def test_every_run_evaluates(settings: Settings, backend: str, total_steps: int | None, expected: int) -> None:
+    merged = run_config.build_run_config(
+        "demo",
+        SCHEMA,
+        {"backend": backend},
+        settings,
+        run_config.RunPlacement(),
+        datetime(2026, 1, 1, tzinfo=UTC),
+        total_steps=total_steps,
+    )
+    steps = merged["tinker"]["total_steps"]
+    assert merged["env"]["steps_per_eval"] == expected and merged["env"]["steps_per_eval"] <= steps // 2

@@ -77,10 +77,10 @@ def test_the_agent_workflow_over_mcp(run_settings: Callable[..., Settings]) -> N
         assert "echo" in {e["name"] for e in (await agent.call("rl_list_environments"))["environments"]}
         assert (await agent.call("rl_select_environment", name="echo"))["environment"] == "echo"
         config = await agent.call("rl_get_current_config")
-        assert {f["name"] for f in config["locked_fields"]} >= {"total_steps", "lora_rank"}
+        assert {f["name"] for f in config["locked_fields"]} >= {"total_steps", "learning_rate"}
         assert (await agent.call("rl_edit_config", field="group_size", value=4))["config"] == {"group_size": 4}
         await agent.call("rl_edit_config", field="batch_size", value=16)
-        locked = await agent.call("rl_edit_config", field="lora_rank", value=64)
+        locked = await agent.call("rl_edit_config", field="learning_rate", value=0.5)
         assert locked["code"] == "FIELD_LOCKED" and "locked_value" in locked
         started = await agent.call("rl_start_training", backend="local")
         run_id = started["run_id"]

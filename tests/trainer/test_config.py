@@ -70,3 +70,36 @@ def test_missing_sections_are_reported() -> None:
         parse_config({"env": {}})
     with pytest.raises(ConfigError, match="env.rollout_server_url"):
         parse_config({"tinker": {"run_dir": "/tmp/r", "inference_port": 1}})
+
+
+def test_training_options_are_read_with_the_seeds_defaults() -> None:
+    config = parse_config(document())
+    assert (config.advantage_normalization, config.kl_coef, config.lora_alpha) == (None, 0.0, None)
+    assert config.effective_lora_alpha == 2 * config.lora_rank and config.mask_truncated_completions is False
+    chosen = parse_config(
+        document(loss_fn="gspo", kl_coef=0.1, lora_alpha=32, advantage_normalization="none", lora_rank=4)
+    )
+    assert (chosen.loss.name, chosen.kl_coef, chosen.effective_lora_alpha) == ("gspo", 0.1, 32)
+    assert chosen.advantage_normalization == "none" and chosen.lora_rank == 4
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"loss_fn": "gspo"}, "no loss 'gspo'"),
+        ({"kl_coef": 0.1}, "no reference model"),
+        ({"lora_alpha": 16}, "chooses LoRA's alpha"),
+    ],
+)
+def test_the_tinker_backend_refuses_what_it_cannot_honour(options: dict, message: str) -> None:
+    """Never ignored: a YAML asking Tinker for a loss, a KL penalty or an alpha it has not fails to load."""
+    with pytest.raises(ConfigError, match=message):
+        parse_config(document(backend="tinker", **options))
+
+
+@pytest.mark.parametrize(
+    "options", [{"advantage_normalization": "batch"}, {"kl_coef": -1.0}, {"lora_alpha": 0}, {"loss_fn": "dapo"}]
+)
+def test_bad_training_options_are_refused(options: dict) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(document(**options))

@@ -166,3 +166,55 @@ def test_fields_the_trainer_cannot_honour_refuse_the_whole_batch(field: str, val
     with pytest.raises(UnsupportedBatch, match=named) as refused:
         prepare_batch([group([1.0, 0.0]), {**group([1.0, 0.0]), field: value}], 100)
     assert refused.value.kind == "unsupported_batch"
+
+
+def test_gspo_clips_one_ratio_per_sequence() -> None:
+    tokens, masks, logprobs = rollout([1, 2], [3, 4], [0.0, 0.0])
+    datum = build_datum(tokens, masks, 1.0, logprobs, 100)
+    # token ratios e^0.4 and e^0: the sequence ratio is their geometric mean e^0.2 ≈ 1.22, clipped to 1.2
+    current = [1.0, 0.4, 0.0]
+    loss = PolicyLoss("gspo", 0.8, 1.2)
+    assert loss.summed([datum], [current]) == pytest.approx(-2 * 1.2)
+    assert PolicyLoss("gspo", 0.8, 1.5).summed([datum], [current]) == pytest.approx(-2 * math.exp(0.2))
+
+
+@pytest.mark.parametrize(
+    ("normalization", "expected"),
+    [("group_mean", [0.5, -0.5, -0.5, 0.5]), ("mean_std", [1.0, -1.0, -1.0, 1.0]), ("none", [1.0, 0.0, 0.0, 1.0])],
+)
+def test_advantage_normalizations(normalization: str, expected: list[float]) -> None:
+    scores = [1.0, 0.0, 0.0, 1.0]
+    rollouts = [rollout([1, 2], [3, 4], [-1.0, -1.0]) for _ in scores]
+    groups = [
+        {
+            "tokens": [r[0] for r in rollouts],
+            "masks": [r[1] for r in rollouts],
+            "scores": scores,
+            "inference_logprobs": [r[2] for r in rollouts],
+        }
+    ]
+    batch = prepare_batch(groups, 100, normalization=normalization)
+    assert batch.trained_advantages == pytest.approx(expected)
+
+
+def test_truncated_completions_are_counted_and_masked_when_asked() -> None:
+    stop = frozenset({9})
+    ended, cut = rollout([1, 2], [3, 9], [-1.0, -1.0]), rollout([1, 2], [3, 4], [-1.0, -1.0])
+    groups = [
+        {
+            "tokens": [ended[0], cut[0]],
+            "masks": [ended[1], cut[1]],
+            "scores": [0.0, 1.0],
+            "inference_logprobs": [ended[2], cut[2]],
+        }
+    ]
+    kept = prepare_batch(groups, 100, stop_ids=stop)
+    assert kept.truncated == 1 and kept.trained_advantages == pytest.approx([-0.5, 0.5])
+    masked = prepare_batch(groups, 100, stop_ids=stop, mask_truncated=True)
+    assert masked.trained_advantages == pytest.approx([-0.5])  # the truncated one is left out of the loss
+    metrics = step_metrics(masked, [[0.0, 0.0, 0.0]], 0.0, 1e-3, PolicyLoss("ppo"))
+    assert metrics["completion/truncated_share"] == 0.5
+    # every token's ratio e^(0 - -1) = e ≈ 2.7 > 1.2 on both completion tokens; the prompt position does not count
+    assert metrics["policy/clip_fraction"] == 1.0
+    # the length limit truncates too, stop tokens known or not
+    assert prepare_batch(groups, 3).truncated == 2

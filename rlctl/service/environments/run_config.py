@@ -17,7 +17,19 @@ import yaml
 from rlctl.service.environments.catalog import ConfigSchema, FieldSchema
 from rlctl.service.errors import FieldLocked, UnknownField, ValidationFailed
 from rlctl.service.settings import Backend, Settings
-from rlctl.trainer.defaults import SAMPLING_ERROR_BUDGET, TRAINING_ERROR_BUDGET
+from rlctl.trainer.defaults import (
+    ADVANTAGE_NORMALIZATIONS,
+    DEFAULT_ADVANTAGE_NORMALIZATION,
+    DEFAULT_KL_COEF,
+    LOCAL_DEFAULTS,
+    LOSS_FUNCTIONS,
+    PPO_CLIP_HIGH,
+    PPO_CLIP_LOW,
+    SAMPLING_ERROR_BUDGET,
+    TINKER_DEFAULTS,
+    TINKER_LOSS_FUNCTIONS,
+    TRAINING_ERROR_BUDGET,
+)
 from rlctl.trainer.health import HealthRules
 
 BACKENDS: tuple[Backend, ...] = tuple(Backend)
@@ -38,7 +50,6 @@ class LockedField:
 LOCKED_FIELDS: tuple[LockedField, ...] = (
     LockedField("tokenizer_name", "str", "Tokenizer and base model the run trains.", True),
     LockedField("rollout_server_url", "str", "Atropos trajectory API; a port allocated per run.", True),
-    LockedField("max_token_length", "int", "Longest sequence an environment may generate.", True),
     LockedField("max_num_workers", "int", "Most rollout workers an environment runs at once.", True),
     LockedField("worker_timeout", "float", "Seconds before a rollout worker is abandoned.", True),
     LockedField("total_steps", "int", "Training steps of the run.", True),
@@ -46,12 +57,18 @@ LOCKED_FIELDS: tuple[LockedField, ...] = (
     LockedField("max_batches_offpolicy", "int", "Batches allowed in the queue ahead of training.", True),
     LockedField("inference_weight", "float", "Weight of this environment's rollouts.", True),
     LockedField("eval_limit_ratio", "float", "Share of workers kept during evaluation.", True),
-    LockedField("lora_rank", "int", "Rank of the LoRA adapter.", False),
     LockedField("learning_rate", "float", "Adam learning rate.", False),
     LockedField("max_token_trainer_length", "int", "Longest sequence the trainer accepts.", False),
     LockedField("save_checkpoint_interval", "int", "Steps between checkpoints.", False),
 )
+# What the tinker backend cannot honour (docs/TRAINER.md#training-options): locked there, never silently ignored.
+TINKER_LOCKED_FIELDS: tuple[LockedField, ...] = (
+    LockedField("kl_coef", "float", "KL penalty to the reference model: Tinker keeps no reference model.", False),
+    LockedField("lora_alpha", "int | None", "LoRA's alpha: Tinker chooses it itself.", False),
+)
 LOCKED_NAMES = frozenset(f.name for f in LOCKED_FIELDS)
+# Environment fields rlctl chooses per backend unless a run edits them (the operator's value is the default).
+BACKEND_ENV_FIELDS = ("max_token_length",)
 # Environment fields rlctl sets itself: paths on the server and W&B switches are not a caller's to choose.
 MANAGED_ENV_FIELDS = {
     "use_wandb": "On when W&B is configured on the server.",
@@ -123,6 +140,85 @@ RUN_FIELDS: tuple[ConfigurableField, ...] = (
 )
 
 
+MAX_LORA_RANK = 256
+
+
+def locked_fields(backend: Backend) -> tuple[LockedField, ...]:
+    """The fields a run on `backend` cannot edit."""
+    return LOCKED_FIELDS + (TINKER_LOCKED_FIELDS if backend == Backend.TINKER else ())
+
+
+def training_fields(settings: Settings, backend: Backend) -> tuple[ConfigurableField, ...]:
+    """The training options of a run (docs/TRAINER.md#training-options), with its backend's defaults, written to
+    the trainer's section. What the tinker backend cannot compute is not offered there (TINKER_LOCKED_FIELDS)."""
+    chosen = settings.backend_values(backend)
+    local = backend == Backend.LOCAL
+    losses = LOSS_FUNCTIONS if local else TINKER_LOSS_FUNCTIONS
+    defaults = LOCAL_DEFAULTS if local else TINKER_DEFAULTS
+    fields = [
+        ConfigurableField(
+            "loss_fn",
+            "str",
+            defaults["loss_fn"],
+            f"Policy loss: {', '.join(losses)} (gspo: a clipped ratio per sequence; local only).",
+            {"enum": list(losses)},
+        ),
+        ConfigurableField(
+            "clip_low_threshold",
+            "float",
+            PPO_CLIP_LOW,
+            "ppo, gspo: lower bound of the clipped probability ratio (1 - ε_low).",
+            {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        ),
+        ConfigurableField(
+            "clip_high_threshold",
+            "float",
+            PPO_CLIP_HIGH,
+            "ppo, gspo: upper bound of the clipped probability ratio (1 + ε_high).",
+            {"type": "number", "minimum": 1},
+        ),
+        ConfigurableField(
+            "advantage_normalization",
+            "str",
+            DEFAULT_ADVANTAGE_NORMALIZATION,
+            "group_mean: reward - group mean; mean_std: that over the group's std; none: the raw reward.",
+            {"enum": list(ADVANTAGE_NORMALIZATIONS)},
+        ),
+        ConfigurableField(
+            "lora_rank",
+            "int",
+            chosen.lora_rank,
+            "Rank of the LoRA adapter.",
+            {"type": "integer", "minimum": 1, "maximum": MAX_LORA_RANK},
+        ),
+        ConfigurableField(
+            "mask_truncated_completions",
+            "bool",
+            False,
+            "Train completions cut by the length limit with advantage 0.",
+            {"type": "boolean"},
+        ),
+    ]
+    if local:
+        fields += [
+            ConfigurableField(
+                "kl_coef",
+                "float",
+                DEFAULT_KL_COEF,
+                "Weight of the KL penalty to the reference model (the base with the adapter off); 0: none.",
+                {"type": "number", "minimum": 0},
+            ),
+            ConfigurableField(
+                "lora_alpha",
+                "int | None",
+                None,
+                "LoRA's alpha; null: twice the rank.",
+                {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+            ),
+        ]
+    return tuple(fields)
+
+
 @dataclass(frozen=True)
 class RunPlacement:
     """Where a run lives: allocated by the supervisor, not chosen by the caller."""
@@ -138,10 +234,11 @@ WANDB_PROJECT = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": 
 
 def locked_values(settings: Settings, backend: Backend) -> dict[str, Any]:
     chosen = settings.backend_values(backend)
+    only_tinker: dict[str, Any] = {"kl_coef": 0.0, "lora_alpha": None} if backend == Backend.TINKER else {}
     return {
+        **only_tinker,
         "tokenizer_name": chosen.base_model,
         "rollout_server_url": PLACEHOLDER_URL,
-        "max_token_length": chosen.max_token_length,
         "max_num_workers": settings.max_num_workers,
         "worker_timeout": settings.worker_timeout,
         "total_steps": chosen.total_steps,
@@ -149,7 +246,6 @@ def locked_values(settings: Settings, backend: Backend) -> dict[str, Any]:
         "max_batches_offpolicy": settings.max_batches_offpolicy,
         "inference_weight": settings.inference_weight,
         "eval_limit_ratio": settings.eval_limit_ratio,
-        "lora_rank": chosen.lora_rank,
         "learning_rate": chosen.learning_rate,
         "max_token_trainer_length": chosen.max_token_trainer_length,
         "save_checkpoint_interval": chosen.save_checkpoint_interval,
@@ -169,11 +265,18 @@ def configurable_fields(
         ),
         ConfigurableField("wandb_project", "str", DEFAULT_WANDB_PROJECT, "W&B project of the run.", WANDB_PROJECT),
         *RUN_FIELDS,
+        *training_fields(settings, backend),
     ]
     for field in schema.fields:
         if field.name in LOCKED_NAMES or field.name in MANAGED_ENV_FIELDS:
             continue
         default = _default_for(field, settings, backend)
+        if field.name == "max_token_length":  # the operator's value: the default and the most a run may ask
+            limit = settings.backend_values(backend).max_token_length
+            schema_of = {**field.json_schema, "type": "integer", "minimum": 1, "maximum": limit}
+            description = f"Longest sequence the environment may generate; at most {limit}."
+            fields.append(ConfigurableField(field.name, "int", default, description, schema_of))
+            continue
         description = field.description
         if field.name == "wandb_name":
             description = f"W&B run name; when unset, {env_name}-YYYYmmdd-HHMMSS."
@@ -241,6 +344,8 @@ def build_run_config(
     locked["rollout_server_url"] = f"http://127.0.0.1:{placement.api_port}" if placement.api_port else PLACEHOLDER_URL
     if total_steps is not None:
         locked["total_steps"] = total_steps
+    # Every run evaluates: at least twice within its steps (docs/TRAINER.md#training-options).
+    locked["steps_per_eval"] = max(1, min(locked["steps_per_eval"], locked["total_steps"] // 2))
     wandb_name = values.get("wandb_name") or f"{env_name}-{now:%Y%m%d-%H%M%S}"
     inference_url = (
         f"http://127.0.0.1:{placement.inference_port}/v1" if placement.inference_port else PLACEHOLDER_URL + "/v1"
@@ -290,7 +395,6 @@ def _tinker_section(
     return {
         "backend": backend.value,
         "base_model": locked["tokenizer_name"],
-        "lora_rank": locked["lora_rank"],
         "learning_rate": locked["learning_rate"],
         "total_steps": locked["total_steps"],
         "batch_size": values["batch_size"],
@@ -304,9 +408,26 @@ def _tinker_section(
         "wandb_run_name": wandb_name,
         "seed": 0,
         **{field.name: values[field.name] for field in RUN_FIELDS},
+        **_training_options(backend, values),
         # a dataset environment's choice (docs/RUNS.md#training-on-a-dataset); false for every other
         "normalize_advantages": bool(values.get("normalize_by_std", False)),
     }
+
+
+def _training_options(backend: Backend, values: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's view of the training options; a dataset environment's normalize_by_std asks for mean_std
+    unless the run chose a normalisation itself."""
+    options = {
+        name: values[name]
+        for name in ("loss_fn", "clip_low_threshold", "clip_high_threshold", "lora_rank", "mask_truncated_completions")
+    }
+    normalization = values["advantage_normalization"]
+    if normalization == DEFAULT_ADVANTAGE_NORMALIZATION and values.get("normalize_by_std"):
+        normalization = "mean_std"
+    options["advantage_normalization"] = normalization
+    if backend == Backend.LOCAL:
+        options.update(kl_coef=values["kl_coef"], lora_alpha=values["lora_alpha"])
+    return options
 
 
 def render_yaml(config: dict[str, Any]) -> str:
@@ -321,6 +442,8 @@ def _default_for(field: FieldSchema, settings: Settings, backend: Backend) -> An
     """config_init()'s value; rlctl's own default where config_init() left a size at Atropos's class default."""
     if field.name == "wandb_name":
         return None  # auto: {env}-{YYYYmmdd-HHMMSS}, the name the trainer logs under
+    if field.name in BACKEND_ENV_FIELDS:
+        return settings.backend_values(backend).max_token_length
     if field.name in SIZE_FIELDS and not field.set_by_init:
         chosen = settings.backend_values(backend)
         return chosen.group_size if field.name == "group_size" else chosen.batch_size

@@ -72,7 +72,7 @@ def describe_environment(ctx: AppContext, name: str, backend: Backend | None = N
         ],
         locked_fields=[
             LockedFieldOut(name=f.name, type=f.type, value=locked[f.name], description=f.description)
-            for f in run_config.LOCKED_FIELDS
+            for f in run_config.locked_fields(chosen)
         ],
     )
 

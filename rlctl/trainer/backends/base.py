@@ -6,7 +6,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl.trainer.grpo import TrainingDatum
@@ -46,6 +46,8 @@ class Completion:
 class ForwardBackwardResult:
     loss_sum: float
     logprobs: list[list[float]]  # per datum, aligned with its target tokens
+    # Sums over completion tokens where the backend measures them (local): entropy_sum, kl_sum, tokens.
+    token_stats: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

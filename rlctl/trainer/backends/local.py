@@ -62,6 +62,16 @@ def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, devi
     return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype, device=device)
 
 
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return -nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The policy's entropy at each position, over the whole vocabulary."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return -(logprobs.exp() * logprobs).sum(dim=-1)
+
+
 def _microbatches(data: Sequence[TrainingDatum]) -> list[list[int]]:
     """Datum indices grouped so each group's padded size stays under MICROBATCH_TOKENS."""
     groups: list[list[int]] = []
@@ -110,7 +120,7 @@ class LocalBackend(TrainingBackend):
         base.to(self._device)  # type: ignore[arg-type]  # transformers' wrapped .to() hides self
         lora = LoraConfig(
             r=config.lora_rank,
-            lora_alpha=2 * config.lora_rank,
+            lora_alpha=config.effective_lora_alpha,
             target_modules=linear_module_names(base),
             lora_dropout=0.0,
             bias="none",
@@ -129,6 +139,7 @@ class LocalBackend(TrainingBackend):
         self._lock = threading.Lock()
         self._max_context = int(getattr(base.config, "max_position_embeddings", 4096))
         self._eos_ids = self._stop_token_ids(base)
+        self.stop_token_ids = frozenset(self._eos_ids)  # a completion not ending in one was truncated
         self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
         if resume_from is not None:
             self._load_checkpoint(Path(resume_from.path))
@@ -144,15 +155,27 @@ class LocalBackend(TrainingBackend):
 
     # --- training -------------------------------------------------------------------------------
 
-    def _target_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logprobs [B, T], mask [B, T]) of the targets of the datums at `indices`."""
+    def _forward(self, data: Sequence[TrainingDatum], indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T, V], mask [B, T]) of the datums at `indices`."""
         pad_id = self.tokenizer.pad_token_id or 0
         inputs = _pad([data[i].input_tokens for i in indices], pad_id, torch.long, self._device)
-        targets = _pad([data[i].target_tokens for i in indices], pad_id, torch.long, self._device)
         mask = _pad([[1.0] * len(data[i].target_tokens) for i in indices], 0.0, torch.float32, self._device)
-        logits = self.model(input_ids=inputs, attention_mask=mask.long()).logits.float()
-        logprobs = -nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-        return logprobs, mask
+        return self.model(input_ids=inputs, attention_mask=mask.long()).logits.float(), mask
+
+    def _targets(self, data: Sequence[TrainingDatum], indices: list[int]) -> torch.Tensor:
+        return _pad(
+            [data[i].target_tokens for i in indices], self.tokenizer.pad_token_id or 0, torch.long, self._device
+        )
+
+    def _target_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logprobs [B, T], mask [B, T]) of the targets of the datums at `indices`."""
+        logits, mask = self._forward(data, indices)
+        return _logprobs_of(logits, self._targets(data, indices)), mask
+
+    def _reference_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> torch.Tensor:
+        """The targets' logprobs under the base model: the adapter off, so no second model is held."""
+        with torch.no_grad(), self.model.disable_adapter():
+            return self._target_logprobs(data, indices)[0]
 
     def compute_logprobs(self, data: Sequence[TrainingDatum]) -> list[list[float]]:
         result: list[list[float]] = [[] for _ in data]
@@ -166,26 +189,44 @@ class LocalBackend(TrainingBackend):
     def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
         result: list[list[float]] = [[] for _ in data]
         loss_sum = 0.0
+        stats = {"entropy_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0}
         with self._lock:
             for indices in _microbatches(data):
-                logprobs, mask = self._target_logprobs(data, indices)
+                reference = self._reference_logprobs(data, indices)
+                logits, mask = self._forward(data, indices)
+                logprobs = _logprobs_of(logits, self._targets(data, indices))
                 sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
-                loss = -(self._objective(logprobs, sampler, advantages) * mask).sum()
+                completion = _pad([data[i].completion_mask for i in indices], 0.0, torch.float32, self._device)
+                # k3 estimate of KL(policy || reference) per token: non-negative, unbiased (Schulman)
+                log_ratio = reference - logprobs
+                kl = torch.exp(log_ratio) - log_ratio - 1
+                objective = self._objective(logprobs, sampler, advantages, completion)
+                loss = -(objective * mask).sum() + self._config.kl_coef * (kl * completion).sum()
                 loss.backward()
                 loss_sum += float(loss.detach())
+                with torch.no_grad():
+                    stats["entropy_sum"] += float((_entropy(logits.detach()) * completion).sum())
+                    stats["kl_sum"] += float((kl.detach() * completion).sum())
+                    stats["tokens"] += float(completion.sum())
                 detached = logprobs.detach()
                 for row, index in enumerate(indices):
                     result[index] = detached[row, : len(data[index].target_tokens)].tolist()
-        return ForwardBackwardResult(loss_sum=loss_sum, logprobs=result)
+        return ForwardBackwardResult(loss_sum=loss_sum, logprobs=result, token_stats=stats)
 
-    def _objective(self, logprobs: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-        """Per-token objective of the configured loss (rlctl.trainer.grpo.PolicyLoss gives the same per token)."""
-        ratio = torch.exp(logprobs - sampler)
+    def _objective(
+        self, logprobs: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, completion: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-token objective of the configured loss (rlctl.trainer.grpo.PolicyLoss gives the same per datum)."""
         loss = self._config.loss
-        if loss.name == "ppo":
-            return torch.minimum(ratio * advantages, ratio.clamp(loss.clip_low, loss.clip_high) * advantages)
-        return ratio * advantages
+        if loss.name == "gspo":  # one ratio per sequence: the geometric mean of its completion tokens' ratios
+            tokens = completion.sum(dim=1, keepdim=True).clamp(min=1.0)
+            ratio = torch.exp(((logprobs - sampler) * completion).sum(dim=1, keepdim=True) / tokens)
+        else:
+            ratio = torch.exp(logprobs - sampler)
+        if loss.name == "importance_sampling":
+            return ratio * advantages
+        return torch.minimum(ratio * advantages, ratio.clamp(loss.clip_low, loss.clip_high) * advantages)
 
     def optim_step(self, learning_rate: float) -> None:
         with self._lock:

@@ -1,0 +1,60 @@
+"""Training options end to end (docs/TRAINER.md#training-options), all real processes as in the echo pipeline:
+each policy loss trains `echo` to a higher reward than it started with, and a KL penalty to the reference model
+(the base with the adapter off) keeps the policy measurably closer to it than the same run without one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics
+
+TOTAL_STEPS = 24
+QUARTER = TOTAL_STEPS // 4
+
+
+def train(tmp_path: Path, model_dir: Path, name: str, **tinker: object) -> list[dict[str, float]]:
+    run_dir = tmp_path / name
+    run = run_echo_pipeline(
+        run_dir,
+        model_dir=model_dir,
+        total_steps=TOTAL_STEPS,
+        environment=child_environment(tmp_path / "var"),
+        timeout_s=240,
+        env={"seed": 0, "steps_per_eval": 12},
+        tinker={"seed": 0, **tinker},
+    )
+    assert run.exit_code == 0, run.trainer.log_tail()
+    return [record["metrics"] for record in step_metrics(run_dir)]
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo", "gspo"])
+def test_each_loss_trains_echo_to_a_higher_reward(tiny_model_dir: Path, tmp_path: Path, loss_fn: str) -> None:
+    metrics = train(tmp_path, tiny_model_dir, loss_fn, loss_fn=loss_fn)
+    rewards = [step["reward/mean"] for step in metrics]
+    first, last = mean(rewards[:QUARTER]), mean(rewards[-QUARTER:])
+    print(f"{loss_fn}: first-quarter mean reward {first:.3f}, last-quarter {last:.3f}")
+    assert last >= first + 0.05, rewards
+    for name in ("policy/entropy", "policy/clip_fraction", "kl/reference", "completion/truncated_share"):
+        assert all(name in step for step in metrics), name
+    assert all(0.0 <= step["policy/clip_fraction"] <= 1.0 for step in metrics)
+    assert all(step["policy/entropy"] > 0 for step in metrics)
+
+
+def test_a_kl_penalty_keeps_the_policy_closer_to_the_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
+    free = train(tmp_path, tiny_model_dir, "no-kl")
+    held = train(tmp_path, tiny_model_dir, "kl", kl_coef=1.0)
+    # the first step trains from the base itself: no distance yet in either
+    assert free[0]["kl/reference"] == pytest.approx(0.0, abs=1e-6)
+    assert held[0]["kl/reference"] == pytest.approx(0.0, abs=1e-6)
+    free_kl, held_kl = (
+        mean([s["kl/reference"] for s in free[-QUARTER:]]),
+        mean([s["kl/reference"] for s in held[-QUARTER:]]),
+    )
+    print(f"last-quarter KL to the reference: without penalty {free_kl:.4f}, with kl_coef 1.0 {held_kl:.4f}")
+    assert held_kl < free_kl, (held_kl, free_kl)
