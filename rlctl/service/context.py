@@ -20,6 +20,7 @@ from typing import IO, Self, TypeVar
 from rlctl.service.auth.tokens import TokenStore
 from rlctl.service.children import ChildRunner, process_fork_server
 from rlctl.service.db.engine import Database
+from rlctl.service.observability import Scrubber
 from rlctl.service.settings import Settings
 
 logger = logging.getLogger("rlctl.warm_up")
@@ -47,6 +48,7 @@ class AppContext:
     _lock_file: IO[str] | None = None
     _warm_up: list[threading.Thread] = field(default_factory=list)
     _warm_up_started: bool = False
+    _scrubber: tuple[tuple[str, ...], Scrubber] | None = None
 
     def provide(self, component: Component) -> None:
         """Keep a domain's per-app object; one of each kind."""
@@ -98,10 +100,11 @@ class AppContext:
             thread.join(timeout=30)
 
     def scrub(self, text: str) -> str:
-        """The text with every configured secret replaced by ***."""
-        for secret in self.settings.secret_values:
-            text = text.replace(secret, "***")
-        return text
+        """The text with every configured secret (and its reversed and base64 copies) replaced by ***."""
+        secrets = tuple(self.settings.secret_values)
+        if self._scrubber is None or self._scrubber[0] != secrets:  # built once per set of secrets
+            self._scrubber = (secrets, Scrubber(secrets))
+        return self._scrubber[1](text)
 
 
 def replica_identity(settings: Settings) -> str:

@@ -50,7 +50,10 @@ def error_response(error: ServiceError) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
-    async def handle_service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    async def handle_service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        # An error may carry text of untrusted code (an environment's import traceback): no secret leaves in it.
+        scrub = request.app.state.context.scrub
+        exc.message, exc.details = scrub(exc.message), scrub_values(exc.details, scrub)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -94,6 +97,17 @@ def install_error_handlers(app: FastAPI) -> None:
         error = ServiceError("internal error; the request id identifies it in the service log")
         error.status_code, error.code = 500, "INTERNAL_ERROR"
         return error_response(error)
+
+
+def scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:
+    """Every string in a JSON-like value (dict keys included) scrubbed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub_values(k, scrub): scrub_values(v, scrub) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_values(item, scrub) for item in value]
+    return value
 
 
 class RequestIdMiddleware:

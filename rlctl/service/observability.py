@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import json
 import logging
@@ -16,17 +17,53 @@ actor_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("actor", 
 _STANDARD_RECORD_KEYS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
+MIN_ENCODED_CHARS = 8  # a shorter encoded fragment would match ordinary text; secrets are 16 characters or more
+
+
+class Scrubber:
+    """Replaces every copy of a secret in a text by `***`: the value itself, reversed, and base64-encoded (standard
+    and URL-safe, at any of the three byte alignments it may have inside a longer encoded text)."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        forms: set[str] = set()
+        for secret in filter(None, secrets):
+            forms.update((secret, secret[::-1]))
+            forms.update(form for form in _base64_forms(secret.encode()) if len(form) >= MIN_ENCODED_CHARS)
+        # Longest first: a form inside another is replaced after it, never cutting it in half.
+        self.forms = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for form in self.forms:
+            if form in text:
+                text = text.replace(form, "***")
+        return text
+
+
+def _base64_forms(secret: bytes) -> set[str]:
+    """The base64 characters that depend on `secret`'s bytes alone, for each offset it may have in a longer
+    encoded text: whole 4-character groups, those mixed with neighbouring bytes dropped."""
+    forms: set[str] = set()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + secret).decode()
+        first = 4 if offset else 0  # the group holding the padding bytes is mixed
+        last = 4 * ((offset + len(secret)) // 3)  # the last whole group of secret bytes
+        core = encoded[first:last]
+        forms.update((core, core.translate(_URLSAFE)))
+    return forms
+
+
+_URLSAFE = str.maketrans("+/", "-_")
+
+
 class SecretScrubber(logging.Filter):
     """Replaces any secret value in a log record's message (and its arguments) by `***`."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        self.secrets = [s for s in secrets if s]
+        self.scrub = Scrubber(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        for secret in self.secrets:
-            message = message.replace(secret, "***")
+        message = self.scrub(record.getMessage())
         # One record is one line: a CR or LF from a request (a path with %0d%0a) cannot forge another.
         record.msg, record.args = escape_controls(message), None
         record.request_id = request_id_var.get() or "-"

@@ -43,20 +43,19 @@ class BackendValues:
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_ENVIRONMENTS_DIR = REPO_ROOT / "environments"
-# Never written to a file, a log line, the database or a response; passed to children through their environment.
-SECRET_ENV_NAMES = frozenset(
-    {
-        "RLCTL_API_TOKEN",
-        "TINKER_API_KEY",
-        "RLCTL_TINKER_API_KEY",
-        "WANDB_API_KEY",
-        "RLCTL_WANDB_API_KEY",
-        "OPENROUTER_API_KEY",
-        "RLCTL_OPENROUTER_API_KEY",
-        "RLCTL_SUMMARY_API_KEY",
-        "RLCTL_COLLECTION_API_KEY",
-        "RLCTL_INFERENCE_API_KEY",
-    }
+# The one list of secret settings (fields of Settings): never written to a file, a log line, the database or a
+# response; every child's environment is scrubbed of their variables (SECRET_ENV_NAMES), and every text the service
+# answers or logs of their values (`Settings.secret_values`, observability.Scrubber). A test fails on a SecretStr
+# field missing here.
+SECRET_SETTINGS = (
+    "api_token",
+    "tinker_api_key",
+    "wandb_api_key",
+    "openrouter_api_key",
+    "summary_api_key",
+    "judge_api_key",
+    "collection_api_key",
+    "inference_api_key",
 )
 
 
@@ -309,17 +308,22 @@ class Settings(BaseSettings):
     @property
     def secret_values(self) -> list[str]:
         """Every configured secret, so log and response scrubbers can look for them."""
-        secrets = [
-            self.api_token,
-            self.tinker_api_key,
-            self.wandb_api_key,
-            self.openrouter_api_key,
-            self.summary_api_key,
-            self.judge_api_key,
-            self.collection_api_key,
-            self.inference_api_key,
-        ]
-        return [s.get_secret_value() for s in secrets if s and s.get_secret_value()]
+        values = (getattr(self, name) for name in SECRET_SETTINGS)
+        return [value.get_secret_value() for value in values if value and value.get_secret_value()]
+
+
+def _secret_env_names() -> frozenset[str]:
+    """The variables each secret setting is read from: its aliases, else RLCTL_ and its name."""
+    names: set[str] = set()
+    for field_name in SECRET_SETTINGS:
+        alias = Settings.model_fields[field_name].validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias] if alias else []
+        names.update(str(choice) for choice in choices)
+        names.add(f"RLCTL_{field_name.upper()}")
+    return frozenset(names)
+
+
+SECRET_ENV_NAMES = _secret_env_names()
 
 
 def normalize_database_url(url: str) -> str:

@@ -26,6 +26,7 @@ def build_app_context(settings: Settings) -> AppContext:
             child_environment=child_environment,
             store_dir=settings.schema_store_dir,
             children=context.children,
+            scrub=context.scrub,
         )
     )
     context.provide(TinyModelBuilder(settings.tiny_model_dir, context.children, child_environment))

@@ -70,8 +70,12 @@ class EnvironmentCatalog(Component):
         child_environment: Callable[[], Mapping[str, str]],
         store_dir: Path | None = None,
         children: ChildRunner | None = None,
+        scrub: Callable[[str], str] = lambda text: text,
     ) -> None:
         self._directories = directories
+        # Environment code can read the service's secrets (its .env file, its parent's environment): what its
+        # import prints comes back scrubbed of them.
+        self._scrub = scrub
         self._schema_timeout_s = schema_timeout_s
         self._child_environment = child_environment
         self._store = SchemaStore(store_dir) if store_dir is not None else None
@@ -237,10 +241,11 @@ class EnvironmentCatalog(Component):
             result = _read_result(output)
         if not isinstance(result, dict) or not result.get("ok"):
             result = result if isinstance(result, dict) else {}
-            reason = result.get("error") or _tail(completed.stderr)
+            reason = self._scrub(str(result.get("error") or _tail(completed.stderr)))
             trace = result.get("traceback") or _tail(completed.stderr, 20).split(" | ")
             raise EnvironmentLoadFailed(
-                f"environment {env.name!r} could not be loaded: {reason}", {"name": env.name, "traceback": trace}
+                f"environment {env.name!r} could not be loaded: {reason}",
+                {"name": env.name, "traceback": [self._scrub(str(line)) for line in trace]},
             )
         return _schema_of(result)
 
