@@ -27,7 +27,9 @@ def response(status: int, description: str, *, model: type[BaseModel] | None = N
     if model is not None:
         entry["model"] = model
     if media_type:
-        entry["content"] = {media_type: {}}
+        # A schema for every body, so generated clients can read it: text (JSON Lines are text, a line each).
+        text = {"type": "string", "contentMediaType": media_type}
+        entry["content"] = {media_type: {"schema": text}}
     return {status: entry}
 
 

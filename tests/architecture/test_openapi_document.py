@@ -35,3 +35,18 @@ def test_no_schema_is_named_after_its_module(tmp_path: Path) -> None:
     whenever code moves: each model of the API has a name of its own."""
     schemas = json.loads(served_document(tmp_path))["components"]["schemas"]
     assert [name for name in schemas if "__" in name] == []
+
+
+def test_every_success_body_has_a_schema(tmp_path: Path) -> None:
+    """A generated client reads only what is described: the JSON Lines exports too (as text)."""
+    paths = json.loads(served_document(tmp_path))["paths"]
+    undescribed = [
+        f"{method.upper()} {path} {media}"
+        for path, operations in paths.items()
+        for method, operation in operations.items()
+        for status, answer in operation.get("responses", {}).items()
+        if status.startswith("2")
+        for media, content in answer.get("content", {}).items()
+        if "schema" not in content
+    ]
+    assert undescribed == []

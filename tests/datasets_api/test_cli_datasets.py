@@ -53,3 +53,46 @@ def test_upload_list_compress_score_and_export(
         refused = rlctl(live.base_url, "datasets", "upload", str(broken), "--name", "bad", token=TOKEN)
         assert refused.returncode == 1 and "INVALID_RECORDS" in refused.stderr and "Traceback" not in refused.stderr
         assert api.get("/datasets").json()["count"] == 3
+
+
+def test_score_takes_rewards_a_grpo_file_name_gets_the_grpo_export_and_errors_name_their_field(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    replies = ["4", "It is 4.", "5", "I think 22."]  # one prompt, four replies: one GRPO group
+    source = tmp_path / "replies.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps(
+                {"conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": r}], "answer": "4"}
+            )
+            + "\n"
+            for r in replies
+        ),
+        encoding="utf-8",
+    )
+    with live_service(make_settings(api_token=TOKEN)) as live:
+        uploaded = rlctl(live.base_url, "datasets", "upload", str(source), "--name", "replies", "--json", token=TOKEN)
+        dataset_id = json.loads(uploaded.stdout)["id"]
+
+        scored = rlctl(
+            live.base_url, "datasets", "score", dataset_id, "--reward", "correctness", "--reward", "format=0.5",
+            "--json", token=TOKEN,
+        )  # fmt: skip
+        assert scored.returncode == 0, scored.stderr
+        scored_id = json.loads(scored.stdout)["result"]["dataset_id"]
+
+        target = tmp_path / "replies.grpo.jsonl"
+        exported = rlctl(live.base_url, "datasets", "export", scored_id, "-o", str(target), token=TOKEN)
+        assert exported.returncode == 0, exported.stderr
+        (group,) = [json.loads(line) for line in target.read_text().splitlines()]
+        assert len(group["advantages"]) == 4 and sorted(group["rewards"]) == [0.0, 0.0, 2.0, 2.0]
+
+        plain = rlctl(live.base_url, "datasets", "export", scored_id, "--format", "sharegpt", token=TOKEN)
+        assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 4 and "advantages" not in plain.stdout
+
+        refused = rlctl(
+            live.base_url, "datasets", "score", dataset_id, "--reward", "correctness", "--set", "answer_field=no way",
+            token=TOKEN,
+        )  # fmt: skip
+    assert refused.returncode == 1 and "VALIDATION_ERROR" in refused.stderr
+    assert "answer_field: String should match pattern" in refused.stderr, refused.stderr  # the field and the reason

@@ -32,7 +32,23 @@ class ApiError(ClientError):
         self.status = status
         self.code = str(error.get("code", f"HTTP_{status}"))
         request_id = f" (request id {error['request_id']})" if error.get("request_id") else ""
-        super().__init__(f"{status} {self.code}: {error.get('message', 'no message')}{request_id}", body)
+        reasons = "".join(f"\n  {line}" for line in field_reasons(error.get("details")))
+        super().__init__(f"{status} {self.code}: {error.get('message', 'no message')}{request_id}{reasons}", body)
+
+
+def field_reasons(details: Any) -> list[str]:
+    """`field: reason` for each refused field of a validation error (its `details.errors`), the body's own
+    location prefix left out: `config.group_size: Input should be greater than 0`."""
+    errors = details.get("errors") if isinstance(details, dict) else None
+    lines = []
+    for error in errors if isinstance(errors, list) else []:
+        if not isinstance(error, dict):
+            continue
+        location = [str(part) for part in error.get("location", [])]
+        if location[:1] in (["body"], ["query"], ["path"], ["header"]) and len(location) > 1:
+            location = location[1:]
+        lines.append(f"{'.'.join(location) or 'request'}: {error.get('message', 'not valid')}")
+    return lines
 
 
 class RateLimitedError(ApiError):

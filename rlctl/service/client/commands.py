@@ -26,6 +26,7 @@ from rlctl.service.client.api import DEFAULT_URL, ApiClient, ClientError, RateLi
 from rlctl.service.states import JOB_TERMINAL, RUN_TERMINAL, JobStatus, RunStatus
 
 PROCESSES = ("api", "trainer", "env")
+EXPORT_FORMATS = ("rlctl", "sharegpt", "grpo")
 UPLOAD_CHUNK = 1 << 20
 Handler = Callable[[ApiClient, argparse.Namespace], int]
 
@@ -123,9 +124,21 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
         operation.add_argument("--set", dest="params", action="append", default=[], metavar="PARAM=VALUE")
         operation.add_argument("--no-wait", dest="wait", action="store_false", help="print the job and return")
         operation.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
-    export = command(datasets, "export", datasets_export, "download a dataset as JSONL")
+        if name == "score":
+            operation.add_argument(
+                "--reward", dest="rewards", action="append", default=[], metavar="NAME[=WEIGHT]", help="repeatable"
+            )
+    export = command(datasets, "export", datasets_export, "download a dataset as JSONL (or its GRPO export)")
     export.add_argument("dataset_id")
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    export.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS,
+        help="rlctl (default), sharegpt, or grpo (prompt groups with advantages, built by a job first); "
+        "an output named *.grpo.jsonl or grpo.jsonl means grpo",
+    )
+    export.add_argument("--set", dest="params", action="append", default=[], metavar="PARAM=VALUE", help="grpo")
+    export.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
 
     test = commands.add_parser(
         "inference-test", help="smoke-test an environment against inference endpoints", parents=[common]
@@ -495,11 +508,32 @@ def datasets_compress(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def datasets_score(client: ApiClient, args: argparse.Namespace) -> int:
-    return _start_job(client, args, f"/datasets/{_segment(args.dataset_id)}/score", _assignments(args.params))
+    body = _assignments(args.params)
+    if args.rewards:
+        body["rewards"] = _rewards(args.rewards)
+    return _start_job(client, args, f"/datasets/{_segment(args.dataset_id)}/score", body)
+
+
+def export_format(args: argparse.Namespace) -> str:
+    """--format, else `grpo` for an output file named *.grpo.jsonl (or grpo.jsonl), else `rlctl`."""
+    if args.format:
+        return str(args.format)
+    name = args.output.name if args.output is not None else ""
+    return "grpo" if name == "grpo.jsonl" or name.endswith(".grpo.jsonl") else "rlctl"
 
 
 def datasets_export(client: ApiClient, args: argparse.Namespace) -> int:
-    chunks = client.stream(f"/datasets/{_segment(args.dataset_id)}/export")
+    dataset = _segment(args.dataset_id)
+    fmt = export_format(args)
+    if fmt == "grpo":
+        job = _follow_job(
+            client, client.post(f"/datasets/{dataset}/export-grpo", _assignments(args.params))["id"], args.interval
+        )
+        if job["status"] != "succeeded":
+            return _finish_job(args, job)
+        chunks = client.stream(job["result"]["download"])
+    else:
+        chunks = client.stream(f"/datasets/{dataset}/export", format=fmt)
     if args.output is None:
         _copy(chunks, sys.stdout.buffer)
         return 0
@@ -507,7 +541,7 @@ def datasets_export(client: ApiClient, args: argparse.Namespace) -> int:
     with partial.open("wb") as handle:
         _copy(chunks, handle)
     partial.replace(args.output)  # an interrupted export never looks complete
-    print(f"wrote {args.output} ({args.output.stat().st_size} bytes)", file=sys.stderr)
+    print(f"wrote {args.output} ({args.output.stat().st_size} bytes, {fmt})", file=sys.stderr)
     return 0
 
 

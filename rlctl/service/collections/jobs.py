@@ -85,6 +85,21 @@ def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     return result
 
 
+def _nothing_collected(counts: dict[str, int], first_reason: dict[str, str | None]) -> str:
+    """Why a collection that kept no trajectory fails (an empty dataset would look like a success)."""
+    parts = []
+    if counts[FAILED]:
+        parts.append(f"{counts[FAILED]} failed (first error: {first_reason[FAILED]})")
+    if counts[DISCARDED]:
+        hint = (
+            ": the model gave no reasoning; collect with a reasoning model or discard_without_reasoning=false"
+            if first_reason[DISCARDED] == "no_reasoning"
+            else f" (first reason: {first_reason[DISCARDED]})"
+        )
+        parts.append(f"{counts[DISCARDED]} discarded{hint}")
+    return "no trajectory was collected: " + ("; ".join(parts) or "no item ran")
+
+
 class CollectionRun:
     def __init__(self, ctx: AppContext, handle: JobHandle, collection_id: str, params: dict[str, Any]) -> None:
         self.ctx, self.handle, self.id, self.params = ctx, handle, collection_id, params
@@ -306,16 +321,19 @@ class CollectionRun:
                 .where(CollectionItem.collection_id == self.id)
                 .order_by(CollectionItem.prompt_index, CollectionItem.run_index)
             ).all()
-            first_failure = session.scalar(
-                select(CollectionItem.reason).where(
-                    CollectionItem.collection_id == self.id, CollectionItem.status == FAILED
+            first_reason = {
+                status: session.scalar(
+                    select(CollectionItem.reason).where(
+                        CollectionItem.collection_id == self.id, CollectionItem.status == status
+                    )
                 )
-            )
+                for status in (FAILED, DISCARDED)
+            }
         counts: dict[str, int] = {
             status: sum(1 for *_, s in rows if s == status) for status in (KEPT, DISCARDED, FAILED)
         }
-        if counts[KEPT] == 0 and counts[FAILED]:
-            raise JobFailed(f"no trajectory was collected: {counts[FAILED]} failed; first error: {first_failure}")
+        if counts[KEPT] == 0:
+            raise JobFailed(_nothing_collected(counts, first_reason))
         counter = load_counter(self.ctx.settings, resolve_tokenizer(self.ctx.settings, None))
         builder = DatasetBuilder(dataset_store(self.ctx), f"collect-{self.id}", counter)
         try:

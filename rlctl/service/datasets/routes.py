@@ -213,7 +213,8 @@ async def get_compression_metrics(
     "/{dataset_id}/export",
     summary="Download the records",
     response_class=StreamingResponse,
-    responses=response(200, "JSON Lines", media_type=JSONL) | json_error_responses(401, 403, 404, 422),
+    responses=response(200, "JSON Lines: one record per line", media_type=JSONL)
+    | json_error_responses(401, 403, 404, 422),
     dependencies=[READ],
 )
 async def export_dataset(
