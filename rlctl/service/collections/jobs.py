@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -85,7 +85,7 @@ def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     return result
 
 
-def _nothing_collected(counts: dict[str, int], first_reason: dict[str, str | None]) -> str:
+def _nothing_collected(counts: Mapping[str, int], first_reason: Mapping[str, str | None]) -> str:
     """Why a collection that kept no trajectory fails (an empty dataset would look like a success)."""
     parts = []
     if counts[FAILED]:
@@ -321,7 +321,7 @@ class CollectionRun:
                 .where(CollectionItem.collection_id == self.id)
                 .order_by(CollectionItem.prompt_index, CollectionItem.run_index)
             ).all()
-            first_reason = {
+            first_reason: dict[str, str | None] = {
                 status: session.scalar(
                     select(CollectionItem.reason).where(
                         CollectionItem.collection_id == self.id, CollectionItem.status == status
