@@ -77,6 +77,9 @@ def test_lists_the_shipped_environments(client: httpx.Client) -> None:
     assert gsm8k["config_class"] == "GSM8KConfig"
     assert gsm8k["file_path"].endswith("environments/gsm8k.py")
     assert gsm8k["description"].startswith("Grade-school math")
+    # the dataset environments are listed (an agent selects them for a dataset run) but marked: not by name
+    marked = {e["name"] for e in body["environments"] if not e["trainable_by_name"]}
+    assert marked == {"dataset_offline", "dataset_online"}
 
 
 def test_gsm8k_shows_locked_spec_defaults_and_config_init_values(client: httpx.Client) -> None:

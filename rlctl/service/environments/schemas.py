@@ -8,6 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlctl.service.settings import Backend
 
+# The shipped environments that train a dataset's records (environments/dataset_*.py): a run of one is started
+# with POST /runs `dataset`, never by its name (docs/RUNS.md#training-on-a-dataset).
+DATASET_OFFLINE, DATASET_ONLINE = "dataset_offline", "dataset_online"
+DATASET_ONLY = frozenset({DATASET_OFFLINE, DATASET_ONLINE})
+
 
 class EnvironmentSummary(BaseModel):
     name: str
@@ -15,6 +20,10 @@ class EnvironmentSummary(BaseModel):
     file_path: str
     description: str
     config_class: str | None
+    trainable_by_name: bool = Field(
+        description="False for dataset_offline and dataset_online: they train a dataset's records, so a run of one "
+        "is started with POST /runs `dataset` (docs/RUNS.md#training-on-a-dataset), never by its name."
+    )
 
 
 class CatalogError(BaseModel):

@@ -12,6 +12,7 @@ from rlctl.service.environments import authoring, run_config
 from rlctl.service.environments.catalog import ConfigSchema, EnvironmentCatalog
 from rlctl.service.environments.discovery import EnvironmentInfo
 from rlctl.service.environments.schemas import (
+    DATASET_ONLY,
     CatalogError,
     ConfigPreview,
     ConfigurableFieldOut,
@@ -36,6 +37,7 @@ def summary(env: EnvironmentInfo) -> EnvironmentSummary:
         file_path=str(env.file_path),
         description=env.description,
         config_class=env.config_class,
+        trainable_by_name=env.name not in DATASET_ONLY,
     )
 
 

@@ -25,6 +25,7 @@ from rlctl.service.datasets.service import dataset_store
 from rlctl.service.db.models import Dataset
 from rlctl.service.db.rows import load_row
 from rlctl.service.environments.catalog import EnvironmentCatalog
+from rlctl.service.environments.schemas import DATASET_OFFLINE, DATASET_ONLINE
 from rlctl.service.errors import ValidationFailed
 from rlctl.service.rewards.errors import JudgeNotConfigured
 from rlctl.service.rewards.grouping import record_at, sorted_group_keys
@@ -40,7 +41,7 @@ from rlctl.trajectories.rewards import BUILTIN_REWARDS
 from rlctl.trajectories.training import has_assistant_turn, prompt_messages
 
 # The shipped environment of each mode (environments/dataset_*.py).
-DATASET_ENVIRONMENTS = {DatasetMode.OFFLINE: "dataset_offline", DatasetMode.ONLINE: "dataset_online"}
+DATASET_ENVIRONMENTS = {DatasetMode.OFFLINE: DATASET_OFFLINE, DatasetMode.ONLINE: DATASET_ONLINE}
 TRAIN, HELD_OUT = "train", "held_out"
 SPLITS = (TRAIN, HELD_OUT)
 

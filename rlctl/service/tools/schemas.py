@@ -142,6 +142,9 @@ class EnvironmentBrief(BaseModel):
     description: str
     class_name: str
     file_path: str
+    trainable_by_name: bool = Field(
+        description="False for dataset_offline / dataset_online: train those with rl_start_training's `dataset`."
+    )
 
 
 class EnvironmentsResult(BaseModel):
