@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_model.add_argument("directory", help="the base model: a directory or a cached hub id")
     serve_model.add_argument("--adapter", help="a local checkpoint directory (runs/{id}/checkpoints/step_N)")
+    serve_model.add_argument("--name", help="the model id to answer to (default: {run}/step-{N} for a checkpoint)")
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--port", type=int, default=8001)
     serve_model.set_defaults(handler=cmd_model_serve)
@@ -100,7 +101,8 @@ def cmd_model_serve(args: argparse.Namespace) -> int:
     from rlctl.trainer.serve import main as serve
 
     argv = [args.directory, "--host", args.host, "--port", str(args.port)]
-    return serve([*argv, *(["--adapter", args.adapter] if args.adapter else [])])
+    argv += ["--adapter", args.adapter] if args.adapter else []
+    return serve([*argv, *(["--name", args.name] if args.name else [])])
 
 
 def cmd_tokens_create(args: argparse.Namespace) -> int:

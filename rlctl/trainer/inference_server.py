@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rlctl.trainer.backends.base import Completion, SamplingRequest, SamplingRequestError, TrainingBackend
 from rlctl.trainer.failures import FailureBudget
 from rlctl.trainer.inference_guard import InferenceGuard
+from rlctl.trajectories.tool_calls import ParsedToolCall, split_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,27 @@ MAX_TOP_LOGPROBS = 20
 SAMPLING_THREADS = 128
 
 
+# The roles a chat message may have (OpenAI's; `developer` is read as `system`, as chat templates know no other).
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+MAX_TEMPERATURE = 2.0  # OpenAI's range, [0, 2]
+# Stable error codes of malformed requests, by the field at fault (anything else: `invalid_request`).
+FIELD_CODES = {
+    "role": "invalid_role",
+    "temperature": "invalid_temperature",
+    "presence_penalty": "invalid_penalty",
+    "frequency_penalty": "invalid_penalty",
+    "tool_choice": "invalid_tool_choice",
+    "tools": "invalid_tools",
+}
+
+
 class InvalidRequest(ValueError):
-    """A request the server cannot serve as asked (answered with 400)."""
+    """A request the server cannot serve as asked (answered with 400 and `code`)."""
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
 
 
 class BackendFailed(RuntimeError):
@@ -84,13 +104,15 @@ class CompletionRequest(BaseModel):
     model: str | None = None
     prompt: str | list[int] | list[str]
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_SAMPLES_PER_REQUEST)
     stop: str | list[str] | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -105,7 +127,7 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: str
+    role: Role
     content: str | list[ContentPart] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -125,7 +147,7 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_SAMPLES_PER_REQUEST)
     stop: str | list[str] | None = None
@@ -133,6 +155,9 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     seed: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -149,7 +174,8 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
         content = "".join(part.text or "" for part in message.content)
     else:
         content = message.content or ""
-    rendered: dict[str, Any] = {"role": message.role, "content": content}
+    role = "system" if message.role == "developer" else message.role
+    rendered: dict[str, Any] = {"role": role, "content": content}
     if message.tool_calls:
         rendered["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
     if message.tool_call_id is not None:
@@ -171,18 +197,74 @@ def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def _openai_error(
-    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None, param: str | None = None
 ) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": code}})
+    body = {"error": {"message": message, "type": kind, "code": code, "param": param}}
+    return JSONResponse(status_code=status, content=body)
 
 
 def _validation_message(error: RequestValidationError) -> str:
     """FastAPI's validation errors as one readable line: an OpenAI client shows only the message."""
     parts = []
     for problem in error.errors()[:5]:
-        where = ".".join(str(part) for part in problem.get("loc", ()) if part != "body")
-        parts.append(f"{where or 'body'}: {problem.get('msg', 'invalid')}")
+        parts.append(f"{_where(problem) or 'body'}: {problem.get('msg', 'invalid')}")
     return "invalid request: " + "; ".join(parts)
+
+
+def _where(problem: Any) -> str:
+    return ".".join(str(part) for part in problem.get("loc", ()) if part != "body")
+
+
+def _validation_code(error: RequestValidationError) -> tuple[str, str | None]:
+    """The stable code and the field (OpenAI's `param`) of the first problem."""
+    problems = error.errors()
+    if not problems:
+        return "invalid_request", None
+    fields = [part for part in problems[0].get("loc", ()) if isinstance(part, str) and part != "body"]
+    code = next((FIELD_CODES[field] for field in reversed(fields) if field in FIELD_CODES), "invalid_request")
+    return code, _where(problems[0]) or None
+
+
+def request_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The request's tools as chat templates take them (the `function` objects), checked against `tool_choice`;
+    None when the model is not to see any (no tools, or `tool_choice: "none"`)."""
+    tools = body.tools or []
+    functions = [tool.get("function", tool) if isinstance(tool, dict) else None for tool in tools]
+    names = set()
+    for index, function in enumerate(functions):
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"tools[{index}] needs a function name", "invalid_tools", f"tools.{index}")
+        names.add(name)
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or name not in names:
+            raise InvalidRequest(
+                'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": N}} '
+                "naming one of the request's tools",
+                "invalid_tool_choice",
+                "tool_choice",
+            )
+    elif choice == "required" and not names:
+        raise InvalidRequest('tool_choice "required" needs tools', "invalid_tool_choice", "tool_choice")
+    if choice == "none" or not functions:
+        return None
+    return cast(list[dict[str, Any]], functions)
+
+
+def check_penalties(body: CompletionRequest | ChatCompletionRequest) -> None:
+    """Penalties in range but not 0 are refused, not ignored: the samplers do not apply them."""
+    for field in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, field):
+            raise InvalidRequest(f"{field} is not supported (only 0)", "unsupported_parameter", field)
+
+
+def openai_tool_call(call: ParsedToolCall) -> dict[str, Any]:
+    """A parsed call in OpenAI's shape, its arguments as JSON text."""
+    call_id = call.id or f"call_{uuid.uuid4().hex[:24]}"
+    return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json()}}
 
 
 class UnknownModel(LookupError):
@@ -304,6 +386,7 @@ class InferenceService:
 
     async def completions(self, body: CompletionRequest) -> dict[str, Any]:
         self.check_model(body.model)
+        check_penalties(body)
         if body.echo:
             raise InvalidRequest("echo is not supported")
         choices: list[dict[str, Any]] = []
@@ -353,8 +436,9 @@ class InferenceService:
 
     async def chat_completions(self, body: ChatCompletionRequest) -> dict[str, Any]:
         self.check_model(body.model)
+        check_penalties(body)
         messages = [template_message(message) for message in body.messages]
-        tools = [tool.get("function", tool) for tool in body.tools] if body.tools else None
+        tools = request_tools(body)
         try:
             text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as error:  # templates raise many kinds of errors for odd conversations
@@ -378,14 +462,27 @@ class InferenceService:
         choices = [
             {
                 "index": index,
-                "message": {"role": "assistant", "content": self.completion_text(completion)},
-                "finish_reason": completion.finish_reason,
+                **self._chat_message(completion, parse_tool_calls=tools is not None),
                 "logprobs": self._chat_logprobs(completion, top_logprobs) if body.logprobs else None,
             }
             for index, completion in enumerate(completions)
         ]
         completion_tokens = sum(len(completion.tokens) for completion in completions)
         return self._envelope("chat.completion", body.model, choices, len(prompt), completion_tokens)
+
+    def _chat_message(self, completion: Completion, parse_tool_calls: bool) -> dict[str, Any]:
+        """The choice's message and finish reason. When the model was given tools, its `<tool_call>` blocks
+        become `tool_calls` (finish reason `tool_calls`); a malformed block stays in the content as text."""
+        text = self.completion_text(completion)
+        parsed = split_tool_calls(text) if parse_tool_calls else None
+        if parsed is None or not parsed.tool_calls:
+            return {"message": {"role": "assistant", "content": text}, "finish_reason": completion.finish_reason}
+        message = {
+            "role": "assistant",
+            "content": parsed.content or None,
+            "tool_calls": [openai_tool_call(call) for call in parsed.tool_calls],
+        }
+        return {"message": message, "finish_reason": "tool_calls"}
 
     def _chat_logprobs(self, completion: Completion, top_logprobs: int) -> dict[str, Any]:
         content = []
@@ -457,8 +554,12 @@ def stream_events(response: dict[str, Any], include_usage: bool) -> Iterator[str
         if chat:
             message = choice["message"]
             yield event([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-            delta = {"content": message["content"]}
-            yield event([{"index": index, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}])
+            if message["content"] or not message.get("tool_calls"):
+                delta = {"content": message["content"]}
+                yield event([{"index": index, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}])
+            if message.get("tool_calls"):  # whole calls in one chunk, as sampling is not incremental
+                calls = [{"index": number, **call} for number, call in enumerate(message["tool_calls"])]
+                yield event([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
             yield event([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
         else:
             yield event(
@@ -494,11 +595,12 @@ def create_app(
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, error: InvalidRequest) -> JSONResponse:
-        return _openai_error(400, str(error))
+        return _openai_error(400, str(error), code=error.code, param=error.param)
 
     @app.exception_handler(RequestValidationError)
     async def malformed_request(_: Request, error: RequestValidationError) -> JSONResponse:
-        return _openai_error(400, _validation_message(error), code="invalid_request")
+        code, param = _validation_code(error)
+        return _openai_error(400, _validation_message(error), code=code, param=param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
