@@ -172,6 +172,8 @@ def guess_container(first_line: str) -> Container:
     try:
         json.loads(text)
         return "jsonl"
+    except RecursionError:
+        return "jsonl"  # one whole value, nested too deep: a line whose item is refused as such, never a 500
     except ValueError:
         pass
     opens_document = text in ("[", "{") or text.endswith(("[", "{", ",", ":"))

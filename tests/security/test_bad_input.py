@@ -44,6 +44,9 @@ def test_unstorable_uploads_are_refused_by_line(service: LiveService) -> None:
         "deep": _record() + b"\n" + _record(meta=deep) + b"\n",
         "very deep": _record() + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n",
         "deep document": b"[" + _record() + b"," + _record(meta=deep) + b"]",
+        # One line nested 1,000 deep as the first one: guessing the container parsed it and raised (a 500).
+        "deep first line": b"[" * 1000 + b"]" * 1000 + b"\n" + _record() + b"\n",
+        "deep first object": b'{"a":' * 1000 + b"1" + b"}" * 1000 + b"\n" + _record() + b"\n",
     }
     with service.client() as client:
         for name, body in cases.items():
@@ -85,6 +88,30 @@ def test_query_values_the_database_cannot_hold_are_4xx(service: LiveService) -> 
             answer = client.get(path, params=params)
             assert 400 <= answer.status_code < 500, (path, params, answer.status_code, answer.text)
             assert answer.json()["error"]["code"]
+        for environment in ("\x00", "echo\x00"):  # PostgreSQL's read on the event loop once answered 500
+            answer = client.get("/runs", params={"environment": environment})
+            # SQLite holds the value (nothing matches); PostgreSQL cannot: 422 INVALID_VALUE.
+            assert answer.status_code in (200, 422), answer.text
+            if answer.status_code == 422:
+                assert answer.json()["error"]["code"] == "INVALID_VALUE"
+            else:
+                assert answer.json()["runs"] == []
+
+
+def test_nested_json_on_mcp_is_a_4xx(service: LiveService) -> None:
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    nested = '{"a":' * 5000 + "1" + "}" * 5000
+    bodies = (
+        "[" * 5000 + "]" * 5000,
+        nested,
+        '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + nested + "}",
+        '{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": ' + nested + "}",
+    )
+    with service.client() as client:
+        for body in bodies:
+            answer = client.post("/mcp", content=body, headers=headers)
+            assert 400 <= answer.status_code < 500, (body[:80], answer.status_code, answer.text[:300])
+        assert client.get("/healthz").status_code == 200
 
 
 def test_a_chunked_body_over_the_limit_is_413(make_settings: Any) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy import Dialect, Executable, Select
 from sqlalchemy.engine import make_url
 
 from rlctl.service.db.plans import ReadPlan
-from rlctl.service.errors import Unavailable
+from rlctl.service.errors import InvalidValue, Unavailable
 
 T = TypeVar("T")
 COMPILED_KEPT = 64  # statements built once (the hot reads' few) stay compiled; others are compiled per read
@@ -110,6 +110,10 @@ class LoopReads:
                 read = plan.send(compiled.rows(await cursor.fetchall()))
         except StopIteration as done:
             return cast(T, done.value)
+        except psycopg.DataError as error:
+            # A value PostgreSQL cannot hold (a NUL character in a filter): the caller's, 422 as on the ordinary
+            # path (which SQLAlchemy wraps in its DataError), never a 500.
+            raise InvalidValue("a value of the request cannot be stored (e.g. a NUL character)") from error
 
     def _compile(self, statement: Executable) -> _Compiled:
         kept = self._compiled.get(statement)
