@@ -38,6 +38,7 @@ from rlctl.sandbox.errors import NetworkUnavailable, SandboxUnavailable
 from rlctl.sandbox.itemdisk import MAX_INODES, ItemDisk, start_item_disk
 from rlctl.sandbox.memcap import CallCgroup, CgroupRoot, find_cgroup_root
 from rlctl.sandbox.netgate import RELAY, Gate, NetworkPolicy, relay_python
+from rlctl.sandbox.quotas import ItemQuota
 from rlctl.sandbox.seccomp import build_filter, native_arch
 from rlctl.sandbox.workdir import WorkDir, remove_tree
 
@@ -84,16 +85,23 @@ class Sandbox:
             os.chown(workdir, self.drop_to_uid, self.drop_to_uid)
 
     def start(
-        self, workdir: Path, command: str, network: NetworkPolicy | None = None, disk: ItemDisk | None = None
+        self,
+        workdir: Path,
+        command: str,
+        network: NetworkPolicy | None = None,
+        disk: ItemDisk | None = None,
+        quota: ItemQuota | None = None,
     ) -> SandboxCall:
         """The command started in the sandbox (see SandboxCall); `network`: the destinations it may reach; `disk`:
-        the item's tmpfs, mounted at `workdir` in its keeper's namespace, which the call joins."""
-        return SandboxCall(self, workdir, command, network, disk)
+        the item's tmpfs, mounted at `workdir` in its keeper's namespace, which the call joins; `quota`: the
+        item's cgroups (quotas.py), under which the call's own is made."""
+        return SandboxCall(self, workdir, command, network, disk, quota)
 
-    def item(self, root: Path) -> SandboxItem:
+    def item(self, root: Path, quota: ItemQuota | None = None) -> SandboxItem:
         """The kept sandbox of one item (an episode): its work directory at `root` (an empty directory), a tmpfs
-        of its own where one can be made, and its calls; close it (or leave its `with` block) when the item ends."""
-        return SandboxItem(self, root)
+        of its own where one can be made, and its calls, in the item's cgroups `quota` where given; close it (or
+        leave its `with` block) when the item ends."""
+        return SandboxItem(self, root, quota)
 
     def argv(
         self,
@@ -103,11 +111,14 @@ class Sandbox:
         gate: Gate | None = None,
         group: CallCgroup | None = None,
         disk: ItemDisk | None = None,
+        join: tuple[Path, ...] = (),
     ) -> list[str]:
-        """The command line of a call (`seccomp_fd`: an open descriptor of the filter, passed to the call)."""
+        """The command line of a call (`seccomp_fd`: an open descriptor of the filter, passed to the call;
+        `join`: the `cgroup.procs` of further cgroups its processes belong to, e.g. its collection's CPU quota)."""
         outer: list[str] = []
-        if group is not None:  # the call's first process joins its cgroup before anything of the sandbox starts
-            outer += ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.procs)]
+        procs = ([group.procs] if group is not None else []) + list(join)
+        for path in procs:  # the call's first process joins its cgroups before anything of the sandbox starts
+            outer += ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(path)]
         if disk is not None:  # then the item's mount namespace, where `workdir` is its tmpfs
             outer += disk.enter()
         binds = [(str(workdir), WORKDIR, "--bind")]
@@ -197,7 +208,13 @@ class SandboxCall:
     memory cgroup and its network gate, all ended by `close` (or leaving the `with` block)."""
 
     def __init__(
-        self, sandbox: Sandbox, workdir: Path, command: str, network: NetworkPolicy | None, disk: ItemDisk | None = None
+        self,
+        sandbox: Sandbox,
+        workdir: Path,
+        command: str,
+        network: NetworkPolicy | None,
+        disk: ItemDisk | None = None,
+        quota: ItemQuota | None = None,
     ) -> None:
         self.group: CallCgroup | None = None
         self.gate: Gate | None = None
@@ -207,12 +224,15 @@ class SandboxCall:
         try:
             os.write(seccomp_fd, sandbox.seccomp)
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
-            if sandbox.cgroup is not None:
-                self.group = sandbox.cgroup.make(sandbox.limits.memory_bytes)
+            cgroups = quota.memory if quota is not None and quota.memory is not None else sandbox.cgroup
+            if cgroups is not None:
+                self.group = cgroups.make(sandbox.limits.memory_bytes)
             if network is not None and network.destinations:
                 self.gate = Gate(network, sandbox.drop_to_uid)
             self.process = subprocess.Popen(
-                sandbox.argv(workdir, command, seccomp_fd, self.gate, self.group, disk),
+                sandbox.argv(
+                    workdir, command, seccomp_fd, self.gate, self.group, disk, tuple(quota.join if quota else ())
+                ),
                 env={},  # bwrap needs nothing; the command's environment is set with --setenv
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -269,8 +289,9 @@ class SandboxItem:
     ordinary directory whose files are counted after each call (`disk_mode`: `tmpfs` or `scan`); each call is a
     fresh sandbox (SandboxCall) in it. Closing it ends the tmpfs (its files go with it) and removes `root`."""
 
-    def __init__(self, sandbox: Sandbox, root: Path) -> None:
+    def __init__(self, sandbox: Sandbox, root: Path, quota: ItemQuota | None = None) -> None:
         self.sandbox = sandbox
+        self.quota = quota  # the item's cgroups (its memory, its collection's CPU quota); None: per call only
         self.root = root  # where calls bind /work from (inside the keeper's namespace, when there is one)
         limits = sandbox.limits
         found = start_item_disk(root, limits.disk_bytes, limits.disk_inodes, sandbox.drop_to_uid)
@@ -285,12 +306,14 @@ class SandboxItem:
         return "tmpfs" if self.disk is not None else "scan"
 
     def start(self, command: str, network: NetworkPolicy | None = None) -> SandboxCall:
-        return self.sandbox.start(self.root, command, network, self.disk)
+        return self.sandbox.start(self.root, command, network, self.disk, self.quota)
 
     def close(self) -> None:
         if self.disk is not None:
             self.disk.close()
             self.disk = None
+        if self.quota is not None:
+            self.quota.close()  # after the tmpfs: its pages were charged to the item's cgroup
         remove_tree(self.root)
 
     def __enter__(self) -> SandboxItem:

@@ -182,6 +182,26 @@ class Settings(BaseSettings):
         description="Address ranges (CIDR, comma-separated, e.g. 127.0.0.1/32) that collections' sandboxes may "
         "reach though not public (loopback, private); cloud metadata addresses never (docs/SECURITY.md#network).",
     )
+    sandbox_max_items: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Items with a sandbox running at once in the service, all collections "
+        "together (docs/SECURITY.md#quotas).",
+    )
+    sandbox_memory_budget_bytes: int = Field(
+        0,
+        ge=0,
+        description="Memory of all sandboxes together, and of one collection's; 0: half of the host's "
+        "memory (docs/SECURITY.md#quotas).",
+    )
+    sandbox_collection_cpus: float = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="CPU cores one collection's sandboxed calls may use together; 0: half of the "
+        "host's cores, at least one (docs/SECURITY.md#quotas).",
+    )
     # --- inference tests: a key goes to its own endpoint only (docs/INFERENCE_TESTS.md#keys) ---
     openrouter_base_url: str = Field(
         "https://openrouter.ai/api/v1", description="Default endpoint of inference tests; OPENROUTER_API_KEY's."

@@ -5,6 +5,7 @@ server with the tiny local model. Interrupted (cancelled, or the service stopped
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from rlctl.sandbox.memcap import find_cgroup_root
 from rlctl.service.db.engine import Database
 from rlctl.service.db.models import CollectionItem, Job
 from rlctl.service.settings import Settings
@@ -232,6 +234,53 @@ def test_tool_calls_run_in_the_sandbox_and_keys_go_only_to_allowed_hosts(
     for secret in (COLLECTION_KEY, OPENROUTER_KEY):
         assert secret not in responses
         assert all(secret.encode() not in p.read_bytes() for p in settings.data_path.rglob("*") if p.is_file())
+
+
+def test_items_with_a_sandbox_wait_for_the_hosts_slots_and_their_cgroups_go_with_the_collection(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """RLCTL_SANDBOX_MAX_ITEMS=1 holds a collection of concurrency 4 to one sandboxed item at a time: the scripted
+    model's first turn of an item waits (bounded) for another item's request, which never comes while it runs."""
+    lock = threading.Lock()
+    in_flight, peak = [0], [0]
+    other_arrived = threading.Event()
+
+    def agent(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            if in_flight[0] > 1:
+                other_arrived.set()
+        try:
+            if not any(message["role"] == "assistant" for message in body["messages"]):
+                other_arrived.wait(timeout=1.0)  # a second item would arrive now, were it let in
+                return 200, {"content": "", "tool_calls": [_call("a", "terminal", {"command": "echo ran"})]}
+            return 200, {"content": "<think>Done.</think>Done."}
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    with chat_server(agent) as model:
+        settings = make_settings(sandbox_max_items=1, sandbox_collection_cpus=0.5, sandbox_memory_budget_bytes=1 << 30)
+        body = {
+            "name": "one-at-a-time",
+            "prompts": [{"prompt": "Run it."}] * 2,  # two runs each: four items
+            "base_url": model.base_url,
+            "model": "scripted",
+            "concurrency": 4,
+            "max_turns": 3,
+            "tools": ["terminal"],
+        }
+        with in_process_service(settings) as live, live.client() as client:
+            created = client.post("/collections", json=body).json()["id"]
+            done = wait_status(client, created, "completed", "failed", timeout=90)
+            assert done["status"] == "completed", done["error"]
+            stats = client.get(f"/datasets/{done['dataset_id']}/stats").json()["stats"]
+    assert stats["tool_stats"]["terminal"]["success"] == 4
+    assert peak[0] == 1 and not other_arrived.is_set()
+    cgroups = find_cgroup_root()
+    if cgroups is not None:  # the collection's cgroups are gone with it (the service's budget group stays)
+        assert not list(cgroups.path.glob(f"rlctl-sandboxes-{os.getpid()}/rlctl-collection-*"))
 
 
 def test_samples_without_reasoning_are_dropped_by_default_and_counted(

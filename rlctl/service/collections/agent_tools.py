@@ -18,6 +18,7 @@ from rlctl.sandbox.bubblewrap import LIMITS, Sandbox
 from rlctl.sandbox.commands import run_command
 from rlctl.sandbox.errors import SandboxError, WorkDirRefusal
 from rlctl.sandbox.netgate import NetworkPolicy
+from rlctl.sandbox.quotas import ItemQuota
 from rlctl.sandbox.workdir import WorkDir
 
 TOOL_NAMES = ("terminal", "read_file", "write_file")
@@ -79,6 +80,7 @@ class Toolbox:
         output_limit: int,
         sandbox: Sandbox | None = None,
         network: NetworkPolicy | None = None,
+        quota: ItemQuota | None = None,
     ) -> None:
         self.names = [name for name in TOOL_NAMES if name in names]
         self.timeout_s = timeout_s
@@ -86,7 +88,7 @@ class Toolbox:
         self.sandbox = sandbox  # None where no sandbox can be made: `terminal` then refuses to run
         self.network = network  # the destinations `terminal` may reach; None: no network at all
         # The item's kept sandbox: its work directory a tmpfs of its own where one can be made (ended by close)
-        self.item = sandbox.item(workdir) if sandbox else None
+        self.item = sandbox.item(workdir, quota) if sandbox else None
         self.workdir = self.item.workdir if self.item else WorkDir(workdir, LIMITS.disk_bytes)
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import openai
 from sqlalchemy import select
 
 from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox
+from rlctl.sandbox.quotas import CollectionQuota, collection_cpus, item_slots, memory_budget
 from rlctl.sandbox.workdir import remove_tree
 from rlctl.service.collections import service
 from rlctl.service.collections.agent import (
@@ -130,6 +131,9 @@ class CollectionRun:
             self.sandbox = found if isinstance(found, Sandbox) else None
         # The server's allowed ranges as they are now: a resumed collection follows today's rule.
         self.network = service.network_policy(ctx, params.get("network") or [])
+        # Host-wide: items with a sandbox running at once, whatever the collections (docs/SECURITY.md#quotas).
+        self.slots = item_slots(ctx.settings.sandbox_max_items)
+        self.quota: CollectionQuota | None = None
 
     def execute(self, name: str) -> dict[str, Any]:
         if (finished := self._finished_output()) is not None:
@@ -143,7 +147,13 @@ class CollectionRun:
         ]
         self._done = len(done)
         self.handle.progress(self._done, self.total, force=True)
-        self._run_all(pending)
+        try:
+            self.quota = self._open_quota()
+            self._run_all(pending)
+        finally:
+            if self.quota is not None:
+                self.quota.close()
+                self.quota = None
         self.handle.progress(self._done, self.total, force=True)
         self.handle.check_cancelled()
         if self._unreachable is not None:
@@ -151,6 +161,23 @@ class CollectionRun:
         return self._build_dataset(name)
 
     # --- running the pairs ---
+
+    def _open_quota(self) -> CollectionQuota | None:
+        """The collection's cgroups: its memory under the service's budget, and its CPU quota."""
+        if self.sandbox is None:
+            return None
+        settings = self.ctx.settings
+        quota = CollectionQuota(
+            self.sandbox.cgroup,
+            memory_budget(settings.sandbox_memory_budget_bytes),
+            self.sandbox.limits.memory_bytes,
+            collection_cpus(settings.sandbox_collection_cpus),
+        )
+        if quota.missing:
+            logger.warning(
+                "collection %s runs without: %s (docs/SECURITY.md#quotas)", self.id, "; ".join(quota.missing)
+            )
+        return quota
 
     def _run_all(self, pending: list[tuple[int, int]]) -> None:
         concurrency = self.params["concurrency"]
@@ -176,6 +203,17 @@ class CollectionRun:
     def _run_pair(self, prompt_index: int, run_index: int) -> None:
         if self._stopping():
             return
+        if self.sandbox is None:
+            self._run_item(prompt_index, run_index)
+            return
+        if not self.slots.acquire(should_stop=self._stopping):
+            return  # stopped while waiting for a slot: left pending
+        try:
+            self._run_item(prompt_index, run_index)
+        finally:
+            self.slots.release()
+
+    def _run_item(self, prompt_index: int, run_index: int) -> None:
         workdir = self.directory / "sandboxes" / f"{prompt_index}-{run_index}"
         remove_tree(workdir)  # what an interrupted run left (never raises, however deep)
         workdir.mkdir(parents=True)
@@ -186,6 +224,7 @@ class CollectionRun:
             self.params["tool_output_limit"],
             self.sandbox,
             self.network,
+            self.quota.item() if self.quota is not None else None,
         )
         try:
             trajectory = run_agent(
