@@ -571,11 +571,20 @@ def stream_events(response: dict[str, Any], include_usage: bool) -> Iterator[str
     yield "data: [DONE]\n\n"
 
 
+def _answer(content: dict[str, Any] | list[dict[str, Any]]) -> JSONResponse:
+    """The sampling routes' answer, encoded as is. Returned as a dict, FastAPI would first walk it with
+    `jsonable_encoder`, one Python call per value: a chat completion of 8 choices of 8 tokens with logprobs took
+    8.1 ms that way against 0.66 ms for `json.dumps` alone (issue 40: 6-12 ms of each training step went to JSON).
+    These answers hold only JSON's own types (str, int, float, list, dict, None), so the walk changes nothing;
+    `tests/trainer/test_inference_server.py` reads them back."""
+    return JSONResponse(content)
+
+
 def _maybe_streamed(
     response: dict[str, Any], stream: bool, options: StreamOptions | None
-) -> dict[str, Any] | StreamingResponse:
+) -> JSONResponse | StreamingResponse:
     if not stream:
-        return response
+        return _answer(response)
     include_usage = options is not None and options.include_usage
     return StreamingResponse(stream_events(response, include_usage), media_type="text/event-stream")
 
@@ -642,16 +651,16 @@ def create_app(
         return model_entry(model)
 
     @app.post("/generate", response_model=None)
-    async def generate(body: GenerateRequest) -> dict[str, Any] | list[dict[str, Any]]:
-        return await service.generate(body)
+    async def generate(body: GenerateRequest) -> JSONResponse:
+        return _answer(await service.generate(body))
 
     # A stream starts only once sampling has succeeded, so every error is still an ordinary JSON error body.
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> dict[str, Any] | StreamingResponse:
+    async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
         return _maybe_streamed(await service.completions(body), body.stream, body.stream_options)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any] | StreamingResponse:
+    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
         return _maybe_streamed(await service.chat_completions(body), body.stream, body.stream_options)
 
     return app
