@@ -1,7 +1,8 @@
 """Steps per second of the offline echo pipeline against TRL's GRPOTrainer on the same task, side by side.
 
     .venv/bin/pip install -e '.[bench]'      # TRL, pinned; not part of `make test`
-    .venv/bin/python benchmarks/peer_trl.py [--steps 60] [--repeats 1] [--only rlctl|trl]
+    .venv/bin/python benchmarks/peer_trl.py [--steps 60] [--repeats 1] [--only rlctl|trl] [--samplers]
+        [--trl-threads 1,2]
 
 Both train the project's tiny model (built locally, nothing downloaded) on the echo task: groups of 8
 completions of at most 8 tokens, 4 groups (32 completions) per step, learning rate 1e-2, Adam β2 0.95, the echo
@@ -14,6 +15,13 @@ KL term, advantages not divided by the group's standard deviation.
   logprobs from `lm_head.weight` directly), so its LoRA (rank 8, alpha 16) covers attention and MLP and the
   whole `lm_head` trains (`modules_to_save`); rlctl's LoRA covers `lm_head` too.
 
+Thread budget: rlctl's trainer gives training and sampling half the cores each (one thread each on 2 cores).
+TRL runs in one process; it is measured with each torch thread count of `--trl-threads` (default 1 and the
+number rlctl uses in all, i.e. the cores, up to 2), so that it has the same budget both ways: on a shared machine
+one thread often beats two (issue 40: 8.7-10.2 steps/s at 1 against 0.9-2.4 at 2 beside neighbours).
+With `--samplers`, rlctl runs twice per repeat, with `tinker.sampler: thread` (sampling on a thread of the trainer
+process, the trainer before issue 40) and `process` (its own process), and their ratio is printed.
+
 Printed per system and repeat: steps per second over the training steps (from the end of the first step to the
 end of the last, so start-up is left out), the wall time end to end, and the mean reward of the first and last
 quarter of steps; then the ratio rlctl / TRL of steps per second (the goal: at least 1).
@@ -22,6 +30,8 @@ quarter of steps; then the ratio rlctl / TRL of steps per second (the goal: at l
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import multiprocessing
 import os
 import random
 import statistics
@@ -65,13 +75,13 @@ class Outcome:
     def line(self) -> str:
         first, last = self.quarters()
         return (
-            f"{self.system:>6}: {self.steps_per_s:5.2f} steps/s ({self.train_s / (self.steps - 1) * 1000:6.1f} ms per "
+            f"{self.system:>15}: {self.steps_per_s:5.2f} steps/s ({self.train_s / (self.steps - 1) * 1000:6.1f} ms per "
             f"step), {self.wall_s:6.1f} s end to end, reward first quarter {first:.3f}, last quarter {last:.3f}"
         )
 
 
-def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
-    run_dir = workdir / f"rlctl-seed{seed}"
+def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int, sampler: str = "thread") -> Outcome:
+    run_dir = workdir / f"rlctl-seed{seed}-{sampler}"
     started = time.monotonic()
     run = run_echo_pipeline(
         run_dir,
@@ -81,17 +91,30 @@ def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
         timeout_s=1800,
         start_timeout_s=300,
         env={"seed": seed, "steps_per_eval": 10 * steps},
-        tinker={"seed": seed, "learning_rate": LEARNING_RATE, "save_checkpoint_interval": 10 * steps},
+        tinker={
+            "seed": seed,
+            "learning_rate": LEARNING_RATE,
+            "save_checkpoint_interval": 10 * steps,
+            "sampler": sampler,
+        },
     )
     wall_s = time.monotonic() - started
     if run.exit_code != 0:
         raise SystemExit(f"rlctl: the trainer failed:\n{run.trainer.log_tail()}")
     records = step_metrics(run_dir)
     times = [record["time"] for record in records]
-    return Outcome("rlctl", len(records), times[-1] - times[0], wall_s, [r["metrics"]["reward/mean"] for r in records])
+    rewards = [r["metrics"]["reward/mean"] for r in records]
+    name = f"rlctl ({sampler})"
+    waits = statistics.fmean(r["metrics"]["time/wait_for_batch_s"] for r in records[1:])
+    steps = statistics.fmean(r["metrics"]["time/step_s"] for r in records[1:])
+    print(f"{name:>15}: per step, waiting for the batch {waits * 1000:6.1f} ms, the step itself {steps * 1000:6.1f} ms")
+    return Outcome(name, len(records), times[-1] - times[0], wall_s, rewards)
 
 
-def run_trl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
+def run_trl(workdir: Path, model_dir: Path, steps: int, seed: int, threads: int) -> Outcome:
+    import torch
+
+    torch.set_num_threads(threads)  # the thread budget under test (module docstring)
     started = time.monotonic()
     from datasets import Dataset
     from peft import LoraConfig
@@ -171,7 +194,7 @@ def run_trl(workdir: Path, model_dir: Path, steps: int, seed: int) -> Outcome:
     trainer.train()
     wall_s = time.monotonic() - started
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    return Outcome("TRL", len(step_ends), step_ends[-1] - step_ends[0], wall_s, rewards)
+    return Outcome(f"TRL ({threads} thr)", len(step_ends), step_ends[-1] - step_ends[0], wall_s, rewards)
 
 
 def main() -> None:
@@ -179,24 +202,50 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", choices=["rlctl", "trl"], default=None)
+    parser.add_argument("--samplers", action="store_true", help="rlctl with each sampler: thread, then process")
+    default_threads = f"1,{min(2, os.cpu_count() or 1)}" if (os.cpu_count() or 1) > 1 else "1"
+    parser.add_argument("--trl-threads", default=default_threads, help="TRL's torch thread counts, comma-separated")
     args = parser.parse_args()
+    samplers = ["thread", "process"] if args.samplers else ["thread"]
+    trl_threads = [int(value) for value in args.trl_threads.split(",")]
+    if args.only != "rlctl" and importlib.util.find_spec("trl") is None:
+        print("TRL is not installed (pip install -e '.[bench]'): measuring rlctl only", flush=True)
+        args.only = "rlctl"
     print(f"load average at start: {os.getloadavg()}", flush=True)
+    outcomes: dict[str, list[Outcome]] = {}
     with tempfile.TemporaryDirectory(prefix="rlctl-peer-trl-") as scratch:
         workdir = Path(scratch)
         model_dir = init_tiny_model(workdir / "var" / "models" / "tiny-qwen3", seed=0)
-        outcomes: dict[str, list[Outcome]] = {"rlctl": [], "TRL": []}
         for repeat in range(args.repeats):
+            runs: list[Outcome] = []
             if args.only != "trl":
-                outcomes["rlctl"].append(run_rlctl(workdir, model_dir, args.steps, seed=repeat))
-                print(outcomes["rlctl"][-1].line(), flush=True)
+                runs += [run_rlctl(workdir, model_dir, args.steps, repeat, sampler) for sampler in samplers]
+                for outcome in runs:
+                    print(outcome.line(), flush=True)
             if args.only != "rlctl":
-                outcomes["TRL"].append(run_trl(workdir / f"trl-{repeat}", model_dir, args.steps, seed=repeat))
-                print(outcomes["TRL"][-1].line(), flush=True)
+                for threads in trl_threads:
+                    # Each in a child process: its thread count and imports stay its own.
+                    runs.append(
+                        _in_child(run_trl, workdir / f"trl-{repeat}-{threads}", model_dir, args.steps, repeat, threads)
+                    )
+                    print(runs[-1].line(), flush=True)
+            for outcome in runs:
+                outcomes.setdefault(outcome.system, []).append(outcome)
             print(f"load average after repeat {repeat}: {os.getloadavg()}", flush=True)
-    if outcomes["rlctl"] and outcomes["TRL"]:
-        ours = statistics.median(o.steps_per_s for o in outcomes["rlctl"])
-        theirs = statistics.median(o.steps_per_s for o in outcomes["TRL"])
-        print(f"median steps/s: rlctl {ours:.2f}, TRL {theirs:.2f}, ratio rlctl/TRL {ours / theirs:.2f}")
+    medians = {system: statistics.median(o.steps_per_s for o in runs) for system, runs in outcomes.items()}
+    print("median steps/s: " + ", ".join(f"{system} {value:.2f}" for system, value in medians.items()))
+    if "rlctl (thread)" in medians and "rlctl (process)" in medians:
+        print(f"process sampler / thread sampler: {medians['rlctl (process)'] / medians['rlctl (thread)']:.2f}x")
+    ours = [value for system, value in medians.items() if system.startswith("rlctl")]
+    for system, value in medians.items():
+        if system.startswith("TRL"):
+            print(f"rlctl (best) / {system}: {max(ours) / value:.2f}" if ours else "")
+
+
+def _in_child(function: Any, *args: Any) -> Outcome:
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(function, args)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from rlctl.trainer.defaults import (
     LOSS_FUNCTIONS,
     PPO_CLIP_HIGH,
     PPO_CLIP_LOW,
+    SAMPLERS,
     SAMPLING_ERROR_BUDGET,
     TINKER_DEFAULTS,
     TINKER_LOSS_FUNCTIONS,
@@ -73,6 +74,7 @@ class TrainerConfig:
     kl_coef: float = DEFAULT_KL_COEF
     lora_alpha: int | None = None  # None: LORA_ALPHA_PER_RANK × lora_rank
     mask_truncated_completions: bool = False
+    sampler: str = "thread"  # local backend: sampling in a process of its own or a thread (docs/TRAINER.md)
 
     @property
     def effective_lora_alpha(self) -> int:
@@ -159,12 +161,15 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         kl_coef=_typed(tinker, "kl_coef", float, DEFAULT_KL_COEF),
         lora_alpha=_typed(tinker, "lora_alpha", int, None),
         mask_truncated_completions=_typed(tinker, "mask_truncated_completions", bool, False),
+        sampler=_typed(tinker, "sampler", str, "thread"),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))
     names = ("max_token_trainer_length", "save_checkpoint_interval", "waiting_report_interval_s")
     for name in (*names, "sampling_error_budget", "training_error_budget"):
         _positive(name, getattr(config, name))
+    if config.sampler not in SAMPLERS:
+        raise ConfigError(f"tinker.sampler must be one of {SAMPLERS}, got {config.sampler!r}")
     if config.loss_fn not in LOSS_FUNCTIONS:
         raise ConfigError(f"tinker.loss_fn must be one of {LOSS_FUNCTIONS}, got {config.loss_fn!r}")
     if not 0 < config.clip_low_threshold <= 1 <= config.clip_high_threshold:

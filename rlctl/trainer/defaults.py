@@ -63,6 +63,9 @@ LOCAL_DEFAULTS: BackendDefaults = {
 # ratio, Qwen's GSPO) is computed by the local backend only: Tinker has no such loss (docs/TRAINER.md#training-options).
 LOSS_FUNCTIONS = ("importance_sampling", "ppo", "gspo")
 TINKER_LOSS_FUNCTIONS = ("importance_sampling", "ppo")
+# tinker.sampler, the local backend's: `thread` (in the trainer process) or `process` (a child of its own, CPU
+# only), docs/TRAINER.md#local-sampling
+SAMPLERS = ("thread", "process")
 PPO_CLIP_LOW = 0.8
 PPO_CLIP_HIGH = 1.2
 # How a group's rewards become advantages: reward - group mean (the seed's GRPO), that divided by the group's

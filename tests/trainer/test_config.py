@@ -31,6 +31,7 @@ def test_local_backend_fills_absent_keys_with_its_locked_defaults() -> None:
     assert config.tokenizer_name == "/models/tiny"
     assert config.run_dir == Path("/tmp/run-1")
     assert config.loss.name == "ppo" and (config.loss.clip_low, config.loss.clip_high) == (0.8, 1.2)
+    assert config.sampler == "thread" and parse_config(document(sampler="process")).sampler == "process"
 
 
 def test_tinker_backend_uses_the_operator_defaults() -> None:
@@ -55,6 +56,7 @@ def test_tinker_backend_uses_the_operator_defaults() -> None:
         ({"loss_fn": "dro"}, "tinker.loss_fn must be one of"),
         ({"clip_low_threshold": 1.1}, "must bound 1"),
         ({"clip_high_threshold": 0.5}, "must bound 1"),
+        ({"sampler": "gpu"}, "tinker.sampler must be one of"),
     ],
 )
 def test_bad_values_are_reported_by_key(change: dict, message: str) -> None:

@@ -4,6 +4,8 @@ exactly."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import torch
 
 from rlctl.trainer.backends.base import SamplingRequest
 from rlctl.trainer.backends.local import LocalBackend
+from rlctl.trainer.backends.sampler_process import ProcessSampler
 from rlctl.trainer.config import TrainerConfig, parse_config
 from rlctl.trainer.grpo import TrainingDatum, build_datum
 from tests.support.waiting import wait_until
@@ -340,3 +343,38 @@ def test_closing_fails_the_requests_not_answered_and_refuses_new_ones(sampling: 
     assert isinstance(running.error, RuntimeError) and "closed" in str(running.error)
     with pytest.raises(RuntimeError, match="closed"):
         sampling.sample(SamplingRequest(prompt_tokens(sampling), n=1, max_new_tokens=2))
+
+
+@pytest.fixture
+def processes(tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalBackend]:
+    """A backend whose sampler runs in a process of its own (docs/TRAINER.md#local-sampling)."""
+    backend = LocalBackend(make_config(tiny_model_dir, tmp_path / "process", sampler="process"))
+    yield backend
+    backend.close()
+
+
+def test_the_process_sampler_samples_as_the_thread_sampler_and_follows_published_weights(
+    backend: LocalBackend, processes: LocalBackend
+) -> None:
+    assert isinstance(processes._sampler, ProcessSampler) and processes._sampler._pid != os.getpid()
+    prompt = prompt_tokens(processes)
+    request = SamplingRequest(prompt, n=4, max_new_tokens=6, seed=11)
+    ours, theirs = processes.sample(request), backend.sample(request)  # same seed, same weights: same samples
+    assert [c.tokens for c in ours] == [c.tokens for c in theirs]
+    for mine, other in zip(ours, theirs, strict=True):
+        assert mine.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+    _, data = datums_for(processes, prompt, advantage=1.0)
+    processes.forward_backward(data)
+    processes.optim_step(0.05)
+    processes.publish_weights(1)
+    completions = processes.sample(SamplingRequest(prompt, n=4, max_new_tokens=6, seed=12))
+    assert {c.weights_version for c in completions} == {1}
+    assert_trainer_logprobs(processes, prompt, completions)  # sampled from the weights just trained
+
+
+def test_requests_fail_when_the_sampling_process_dies(processes: LocalBackend) -> None:
+    request = SamplingRequest(prompt_tokens(processes), n=1, max_new_tokens=2)
+    assert len(processes.sample(request)) == 1
+    os.kill(processes._sampler._pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="sampling process"):
+        processes.sample(request)

@@ -26,6 +26,7 @@ from rlctl.trainer.backends.base import (
     TrainingBackend,
 )
 from rlctl.trainer.backends.sampler import BatchedSampler, PendingSample
+from rlctl.trainer.backends.sampler_process import ProcessSampler, use_process_sampler
 from rlctl.trainer.config import TrainerConfig
 from rlctl.trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
 from rlctl.trainer.grpo import TrainingDatum
@@ -143,7 +144,9 @@ class LocalBackend(TrainingBackend):
         self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
         if resume_from is not None:
             self._load_checkpoint(Path(resume_from.path))
-        self._sampler = BatchedSampler(
+        # Last: a process sampler forks here, with the model built (docs/TRAINER.md#local-sampling).
+        sampler = ProcessSampler if use_process_sampler(config.sampler, self._device) else BatchedSampler
+        self._sampler: BatchedSampler | ProcessSampler = sampler(
             self.model, self.tokenizer, self._device, self._sample_generator, shared_prefix=shared_prefix
         )
 

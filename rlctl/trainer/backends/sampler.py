@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,9 +125,11 @@ class BatchedSampler:
         device: torch.device,
         default_generator: torch.Generator,
         shared_prefix: bool = True,
+        on_answered: Callable[[PendingSample], None] | None = None,
     ) -> None:
         """`shared_prefix`: hold each prompt once for all its rows where the architecture allows (off: every row
-        holds its own copy, as for any other architecture)."""
+        holds its own copy, as for any other architecture). `on_answered`: called, on the sampling thread, with
+        each request once it has its result or its error (the process sampler sends it back from there)."""
         self._model = sampler_copy(training_model)
         self._model.eval()
         self.shared_prefix = shared_prefix and use_shared_prefix(self._model)
@@ -147,6 +149,7 @@ class BatchedSampler:
         self._staged: tuple[int, list[torch.Tensor]] | None = None
         self._staged_lock = threading.Lock()
         self.version = 0  # the weights the sampler's adapter holds now
+        self._on_answered = on_answered
 
     def stage(self, version: int, trainable: Sequence[torch.Tensor]) -> None:
         """The adapter of weights `version` (the training model's trainable tensors, in `named_parameters`
@@ -168,6 +171,15 @@ class BatchedSampler:
         self.version = version
 
     def sample(self, pending: PendingSample) -> list[Completion]:
+        self.submit(pending)
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        assert pending.result is not None
+        return pending.result
+
+    def submit(self, pending: PendingSample) -> None:
+        """Queues `pending` without waiting for it: its `done` is set once it has its result or its error."""
         with self._work:
             if self._closed:
                 raise RuntimeError("the sampler is closed")
@@ -176,11 +188,6 @@ class BatchedSampler:
                 self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
                 self._thread.start()
             self._work.notify()
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.result is not None
-        return pending.result
 
     def close(self) -> None:
         """Ends the sampling thread; requests still waiting or being sampled fail."""
@@ -336,10 +343,11 @@ class BatchedSampler:
             pending.result = [row.completion(batch.version) for row in batch.requests.pop(pending)]
         self._answered(ended)
 
-    @staticmethod
-    def _answered(answered: Sequence[PendingSample]) -> None:
+    def _answered(self, answered: Sequence[PendingSample]) -> None:
         for pending in answered:
             pending.done.set()
+            if self._on_answered is not None:
+                self._on_answered(pending)
 
     def _fail_batch(self, others: Sequence[PendingSample], error: BaseException) -> None:
         """The batch is dropped; its requests and `others` get `error`."""
