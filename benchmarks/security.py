@@ -1,7 +1,7 @@
 """The service under attack: /healthz latency while hostile inputs are processed, peak memory under the largest
 uploads, escape attempts against the terminal sandbox, and secrets found anywhere after a hostile collection.
 
-    .venv/bin/python benchmarks/security.py [--rounds 6] [--huge-mb 200]
+    .venv/bin/python benchmarks/security.py [--rounds 6] [--huge-mb 200] [--escapes-only]
 
 A real `rlctl serve` process (SQLite, a fresh data dir, secrets configured) gets, over HTTP:
   1. baseline: /healthz, sequentially, with nothing else to do (p50, p99, max);
@@ -168,6 +168,10 @@ KERNEL_CALLS = (
     "[print(c.syscall(n, 0, 0, 0, 0, 0), ctypes.get_errno()) for n in "
     f"({_NUMBERS['ptrace']}, {_NUMBERS['keyctl']}, {_NUMBERS['bpf']}, {_NUMBERS['perf_event_open']})]"
 )
+SOCKETS = (
+    'import socket\nfor f, t in ((40, 1), (16, 3), (17, 3)):\n    try: socket.socket(f, t); print("made")\n'
+    '    except OSError: print("refused")'
+)  # AF_VSOCK, AF_NETLINK, AF_PACKET
 ESCAPES: list[tuple[str, str, Callable[[dict[str, Any], Path], bool]]] = [
     # (kind, terminal command, "blocked" judged on the tool's result and the host's data dir)
     ("read the service's secrets", "cat /proc/*/environ 2>&1 | tr '\\0' '\\n'; env",
@@ -195,7 +199,24 @@ ESCAPES: list[tuple[str, str, Callable[[dict[str, Any], Path], bool]]] = [
      lambda result, _data: int(result["output"].split()[-1]) <= 256 << 20),
     ("hard-link a file out", "DATA; ln \"$D/rlctl.db\" hard 2>&1; ln -s \"$D/rlctl.db\" soft; ln -s / root",
      lambda result, _data: "No such file" in result["output"]),  # the symbolic links: the file tools, below
+    ("open a vsock, netlink or packet socket", f"python3 -c '{SOCKETS}'",
+     lambda result, _data: result["output"].split() == ["refused"] * 3),
+    ("fill the work directory while the call runs", "for i in 1 2 3 4 5 6; do head -c 60000000 /dev/zero > w$i "
+     "|| break; done 2>/dev/null; df -B1 --output=used . | tail -1; rm -f w*",
+     lambda result, _data: int(result["output"].split()[-1]) <= 256 << 20),
+    ("hide bytes below a path longer than PATH_MAX", "n=$(printf 'd%.0s' $(seq 200)); for i in $(seq 40); do "
+     "mkdir $n && cd $n; done; for i in 1 2 3 4 5 6; do head -c 60000000 /dev/zero > w$i || break; done "
+     "2>/dev/null; df -B1 --output=used /work | tail -1; cd /work && rm -rf d*",
+     lambda result, _data: int(result["output"].split()[-1]) <= 256 << 20),
+    ("exhaust the work directory's inodes", "cd /work; mkdir many && cd many; i=0; while : > f$i; do i=$((i+1)); "
+     "done 2>/dev/null; echo $i; cd /work && rm -rf many",
+     lambda result, _data: int(result["output"].split()[-1]) <= 16_384),
+    ("a 1,500-deep directory that fails the clean-up", "mkdir -p $(printf 'd/%.0s' $(seq 1500)) && echo made",
+     lambda result, data: "made" in result["output"]
+     and not any(any(p.iterdir()) for p in data.glob("collections/*/sandboxes") if p.is_dir())),
 ]  # fmt: skip
+# Destinations that carry a private or metadata IPv4 address in an IPv6 one: each must be refused at creation.
+EMBEDDED_IPV4 = ["[64:ff9b::7f00:1]:80", "[::a9fe:a9fe]:80", "[2002:a00:1::1]:80", "[64:ff9b:1::a9fe:a9fe]:80"]
 FILE_ESCAPES = ["soft", "root/etc/passwd", "../../../rlctl.db", "/etc/passwd"]
 
 
@@ -238,6 +259,10 @@ def escape_collection(service: Service, data_dir: Path) -> tuple[dict[str, list[
         collection = wait_collection(client, created.json()["id"])
         records = client.get(f"/datasets/{collection['dataset_id']}/records").json()["records"]
         answered = json.dumps(collection) + json.dumps(records)
+        for destination in EMBEDDED_IPV4:
+            refused = client.post("/collections", json={**body, "network": [destination]})
+            tried = counts.setdefault("name an IPv6 destination carrying a private IPv4 one", [0, 0])
+            tried[0], tried[1] = tried[0] + 1, tried[1] + int(refused.status_code == 422)
     results = [_tool_result(turn["value"]) for turn in records[0]["conversations"] if turn.get("name")]
     for (kind, _, blocked), result in zip(ESCAPES, results[: len(ESCAPES)], strict=True):
         tried, stopped = counts.setdefault(kind, [0, 0]), blocked(result, data_dir)
@@ -269,28 +294,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="rounds of the four 1 MB hostile uploads")
     parser.add_argument("--huge-mb", type=int, default=200, help="size of the one-line upload that must be refused")
     parser.add_argument("--items", type=int, default=8, help="items of the hostile-reply collection")
+    parser.add_argument("--escapes-only", action="store_true", help="only the escape collection and the secrets")
     arguments = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlctl-security-bench-"))
     data_dir, log_path = workdir / "var", workdir / "service.log"
     service = start_service(data_dir, extra_environment=SECRETS, log_path=log_path)
     try:
-        figures: dict[str, Any] = {"healthz idle": baseline(service.base_url)}
-        statuses, figures["healthz during 1 MB hostile uploads"] = while_polling(
-            service.base_url, lambda: upload_rounds(service.base_url, arguments.rounds)
-        )
-        figures["hostile upload answers"] = statuses
-        collection, figures["healthz during 390 KB hostile replies"] = while_polling(
-            service.base_url, lambda: hostile_replies(service.base_url, arguments.items)
-        )
-        figures["hostile reply collection"] = {"status": collection["status"], **collection["progress"]}
-        largest = workdir / "largest.jsonl"
-        big_upload(largest, 16 * MEGABYTE - 1, 4)
-        figures["4 items of 16 MiB (accepted)"] = peak_rss_of_upload(service, largest, "largest")
-        largest.unlink()
-        huge = workdir / "huge.jsonl"
-        big_upload(huge, arguments.huge_mb * MEGABYTE, 1)
-        figures[f"one {arguments.huge_mb} MB line (refused)"] = peak_rss_of_upload(service, huge, "huge")
-        huge.unlink()
+        figures = {} if arguments.escapes_only else hostile_input_figures(service, workdir, arguments)
         escapes, answered = escape_collection(service, data_dir)
     finally:
         stop_service(service)
@@ -300,8 +310,30 @@ def main() -> int:
     return 0
 
 
+def hostile_input_figures(service: Service, workdir: Path, arguments: argparse.Namespace) -> dict[str, Any]:
+    """/healthz under hostile uploads and replies, and peak RSS under the largest uploads (items 1 to 4)."""
+    figures: dict[str, Any] = {"healthz idle": baseline(service.base_url)}
+    statuses, figures["healthz during 1 MB hostile uploads"] = while_polling(
+        service.base_url, lambda: upload_rounds(service.base_url, arguments.rounds)
+    )
+    figures["hostile upload answers"] = statuses
+    collection, figures["healthz during 390 KB hostile replies"] = while_polling(
+        service.base_url, lambda: hostile_replies(service.base_url, arguments.items)
+    )
+    figures["hostile reply collection"] = {"status": collection["status"], **collection["progress"]}
+    largest = workdir / "largest.jsonl"
+    big_upload(largest, 16 * MEGABYTE - 1, 4)
+    figures["4 items of 16 MiB (accepted)"] = peak_rss_of_upload(service, largest, "largest")
+    largest.unlink()
+    huge = workdir / "huge.jsonl"
+    big_upload(huge, arguments.huge_mb * MEGABYTE, 1)
+    figures[f"one {arguments.huge_mb} MB line (refused)"] = peak_rss_of_upload(service, huge, "huge")
+    huge.unlink()
+    return figures
+
+
 def report(figures: dict[str, Any], escapes: dict[str, list[int]]) -> None:
-    idle = figures["healthz idle"]["p99_ms"]
+    idle = figures.get("healthz idle", {}).get("p99_ms")
     for name, values in figures.items():
         if isinstance(values, dict) and "p99_ms" in values:
             ratio = values["p99_ms"] / idle if idle else float("nan")
