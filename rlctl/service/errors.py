@@ -51,6 +51,11 @@ class RunNotFound(NotFound):
     subject, id_field = "run", "run_id"
 
 
+class CheckpointNotFound(NotFound):
+    code = "CHECKPOINT_NOT_FOUND"
+    subject, id_field = "checkpoint", "step"
+
+
 class Conflict(ServiceError):
     status_code = 409
     code = "CONFLICT"

@@ -75,6 +75,9 @@ class TrainerConfig:
     lora_alpha: int | None = None  # None: LORA_ALPHA_PER_RANK × lora_rank
     mask_truncated_completions: bool = False
     sampler: str = "thread"  # local backend: sampling in a process of its own or a thread (docs/TRAINER.md)
+    # A warm start (docs/TRAINER.md#checkpoints-and-resume): another run's checkpoint (a local directory or tinker://
+    # state path) whose weights, not optimiser state, start this run when it has no checkpoint of its own.
+    init_from: str | None = None
 
     @property
     def effective_lora_alpha(self) -> int:
@@ -162,6 +165,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         lora_alpha=_typed(tinker, "lora_alpha", int, None),
         mask_truncated_completions=_typed(tinker, "mask_truncated_completions", bool, False),
         sampler=_typed(tinker, "sampler", str, "thread"),
+        init_from=_typed(tinker, "init_from", str, None),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))

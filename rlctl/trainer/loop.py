@@ -17,7 +17,7 @@ import httpx
 
 from rlctl.trainer.atropos import AtroposClient, NotRegistered, Registration
 from rlctl.trainer.backends import make_backend
-from rlctl.trainer.backends.base import TrainingBackend
+from rlctl.trainer.backends.base import Checkpoint, TrainingBackend
 from rlctl.trainer.config import TrainerConfig
 from rlctl.trainer.failures import COLLAPSED, SAMPLING_FAILED, TRAINING_FAILED, FailureBudget, TrainingHalted
 from rlctl.trainer.grpo import PolicyLoss, prepare_batch, step_metrics
@@ -193,10 +193,13 @@ class Trainer:
         config = self.config
         resume_from = self.state.last_checkpoint()
         self.state.step = resume_from.step if resume_from else 0
+        if resume_from is None and config.init_from:  # a warm start: the weights only, from step 0
+            log.info("warm start from %s", config.init_from)
+            resume_from = Checkpoint(step=0, path=config.init_from, weights=config.init_from, optimizer=False)
         self.state.total_steps, self.state.backend = config.total_steps, config.backend
         self.state.status, self.state.error, self.state.failure_kind = "running", None, None
         self.state_store.save(self.state)
-        if resume_from:
+        if resume_from and resume_from.optimizer:
             log.info("resuming from the checkpoint of step %d (%s)", resume_from.step, resume_from.path)
         if config.backend == "local":
             split_cpu_threads()

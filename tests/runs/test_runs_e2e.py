@@ -5,15 +5,19 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
-from tests.runs.conftest import wait_for_status
+from tests.conftest import build_settings
+from tests.runs.conftest import FAST_LOCAL, wait_for_status
+from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
 from tests.support.live import Service, in_process_service
-from tests.support.reaper import process_alive
+from tests.support.reaper import process_alive, stop_run_processes
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -170,3 +174,69 @@ def _dump_database(url: str) -> str:
             chunks.extend(repr(tuple(row)) for row in connection.execute(select(table)))
     db.dispose()
     return "\n".join(chunks)
+
+
+@pytest.fixture(params=database_kinds())
+def any_database_settings(
+    request: pytest.FixtureRequest, tmp_path: Path, session_databases: MigratedDatabases
+) -> Iterator[Callable[..., Any]]:
+    """Run settings on each database engine in turn (the resume's reopen and metric rewind are SQL of both)."""
+    with fresh_database(request.param, tmp_path, session_databases) as url:
+        yield lambda **overrides: build_settings(tmp_path / "var", url, **{**FAST_LOCAL, **overrides})
+        stopped = stop_run_processes(url)
+        assert not stopped, f"processes of runs were left running: {stopped}"
+
+
+def rewards(client: httpx.Client, run_id: str) -> dict[int, float]:
+    series = client.get(f"/runs/{run_id}/metrics", params={"name": "reward/mean"}).json()["metrics"]
+    return {int(step): value for step, value in series.get("reward/mean", [])}
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def test_a_stopped_run_resumes_and_a_new_run_starts_warm(any_database_settings: Callable[..., Any]) -> None:
+    """Stopped halfway, the run resumes from its checkpoint with its optimiser state: same id, its reward curve
+    continues where it was (no fall back to the base's), to completion. Then a run warm-started from it begins at
+    its reward, not the base's, and shows where it came from."""
+    settings = any_database_settings(local_total_steps=30, local_save_checkpoint_interval=5)
+    with in_process_service(settings) as live, live.client() as client:
+        run_id = start(client, config={"group_size": 8, "batch_size": 32})["id"]
+        wait_until(lambda: max(rewards(client, run_id), default=0) >= 12, timeout=300, message="step 12")
+        stopped = client.post(f"/runs/{run_id}/stop", params={"wait_s": 120}).json()
+        assert stopped["status"] == "stopped", stopped
+        before = rewards(client, run_id)
+        last = max(before)
+        checkpoints = [c["step"] for c in client.get(f"/runs/{run_id}/results").json()["checkpoints"]]
+        assert checkpoints[-1] == last  # the trainer saved one as it stopped
+
+        refused = client.post("/runs/no-such-run/resume")
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "RUN_NOT_FOUND"
+        missing = client.post(f"/runs/{run_id}/resume", json={"step": 7})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "CHECKPOINT_NOT_FOUND"
+        assert missing.json()["error"]["details"]["available"] == checkpoints
+        assert client.get(f"/runs/{run_id}").json()["status"] == "stopped"  # a refused resume changes nothing
+
+        resumed = client.post(f"/runs/{run_id}/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["id"] == run_id and resumed.json()["status"] in ("pending", "starting", "queued")
+        final = wait_for_status(client, run_id, {"completed"}, timeout=300)
+        assert final["last_step"] == 30 and final["failure"] is None
+        after = rewards(client, run_id)
+        assert sorted(after) == list(range(1, 31))  # one history: the steps before the stop kept, the rest after
+        assert all(after[step] == before[step] for step in before)
+        base, before_stop = mean([after[s] for s in (1, 2, 3)]), mean([after[s] for s in range(last - 2, last + 1)])
+        continued = mean([after[s] for s in range(last + 1, last + 4)])
+        print(f"reward: base {base:.2f}, before the stop {before_stop:.2f}, after the resume {continued:.2f}")
+        assert continued > base + 0.05, after  # not reset to the base's reward
+        again = client.post(f"/runs/{run_id}/resume")
+        assert again.status_code == 409 and again.json()["error"]["code"] == "INVALID_STATE"  # completed
+
+        warm = start(client, config={"group_size": 8, "batch_size": 32}, init_from={"run": run_id, "step": 30})
+        assert warm["init_from"] == {"run": run_id, "step": 30}
+        wait_for_status(client, warm["id"], {"completed"}, timeout=300)
+        source_last = mean([after[s] for s in (28, 29, 30)])
+        warm_first = mean([rewards(client, warm["id"])[s] for s in (1, 2, 3)])
+        print(f"warm start: source's last reward {source_last:.2f}, the new run's first {warm_first:.2f}")
+        assert warm_first > base + 0.05 and abs(warm_first - source_last) < 0.2

@@ -28,6 +28,7 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "rl_start_training": {},
     "rl_check_status": {"run_id": "nosuchrun"},
     "rl_stop_training": {"run_id": "nosuchrun"},
+    "rl_resume_training": {"run_id": "nosuchrun"},
     "rl_get_results": {"run_id": "nosuchrun"},
     "rl_list_runs": {},
     "rl_evaluate": {"run_id": "nosuchrun"},

@@ -172,7 +172,7 @@ def test_tool_schemas_are_strict_function_calling_schemas(service: Service) -> N
     with service.client() as client:
         tools = client.get("/tools").json()["tools"]
     names = [t["function"]["name"] for t in tools]
-    assert names[:10] == [
+    assert names[:11] == [
         "rl_list_environments",
         "rl_select_environment",
         "rl_get_current_config",
@@ -180,6 +180,7 @@ def test_tool_schemas_are_strict_function_calling_schemas(service: Service) -> N
         "rl_start_training",
         "rl_check_status",
         "rl_stop_training",
+        "rl_resume_training",
         "rl_get_results",
         "rl_list_runs",
         "rl_test_inference",

@@ -196,25 +196,49 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
             httpx.post(f"{api_url}/scored_data", json=group, timeout=REQUEST_TIMEOUT).raise_for_status()
         assert resumed.wait(60) == 0, resumed.log_tail()
 
-    [loaded] = service.calls("load_weights")
+        # A warm start: a new run (directory) whose weights, not optimiser state, are the step-3 checkpoint's.
+        warm_dir, warm_port = tmp_path / "warm", free_port()
+        warm_config = write_run_yaml(
+            warm_dir,
+            model_dir=tiny_model_dir,
+            api_port=api_port,
+            inference_port=warm_port,
+            total_steps=1,
+            group_size=GROUP_SIZE,
+            batch_size=BATCH_SIZE,
+            tinker={
+                "backend": "tinker",
+                "base_model": "Qwen/Qwen3-8B",
+                "learning_rate": 0.05,
+                "init_from": completed["checkpoints"][-1]["path"],
+            },
+        )
+        warm = start_trainer(start, warm_config, environment, name="trainer-warm")
+        wait_http(f"http://127.0.0.1:{warm_port}/health", warm, 90)
+        for group in batches[0]:
+            httpx.post(f"{api_url}/scored_data", json=group, timeout=REQUEST_TIMEOUT).raise_for_status()
+        assert warm.wait(60) == 0, warm.log_tail()
+        assert trainer_state(warm_dir)["step"] == 1  # its own count, from 0
+
+    loaded, warm_loaded = service.calls("load_weights")
     assert loaded["path"] == completed["checkpoints"][-1]["path"] and loaded["optimizer"] is True
+    assert warm_loaded["path"] == loaded["path"] and warm_loaded["optimizer"] is False
     created = service.calls("create_model")
     if legacy:  # create_model, then load_weights into that model as its first request
-        assert len(created) == 2 and created[1]["lora_config"]["rank"] == 8
+        assert len(created) == 3 and created[1]["lora_config"]["rank"] == 8
         assert loaded["model_id"] == f"{created[1]['session_id']}:train:{created[1]['model_seq_id']}"
     else:  # one load_weights creates the model
         assert len(created) == 1 and "model_id" not in loaded and loaded["model_seq_id"] is not None
     assert trainer_state(run_dir)["step"] == 4
 
-    forward_backward = service.calls("forward_backward")
-    assert len(forward_backward) == 4
+    forward_backward = service.calls("forward_backward")[:4]  # the warm run's fifth is not the first run's
     assert all(message.loss_fn == "importance_sampling" and not message.forward_only for message in forward_backward)
     # One forward/backward per batch (Atropos may hand out batches formed together in any order).
     sent = sorted((frozenset(sent_datums(message)) for message in forward_backward), key=sorted)
     expected = sorted((frozenset(expected_datums(batch)) for batch in batches), key=sorted)
     assert sent == expected
 
-    optim_steps = service.calls("optim_step")
+    optim_steps = service.calls("optim_step")[:4]
     assert [step["adam_params"] for step in optim_steps] == [
         {
             "learning_rate": 0.05,
@@ -225,7 +249,7 @@ def test_trainer_drives_the_tinker_protocol(tiny_model_dir: Path, tmp_path: Path
             "grad_clip_norm": 0.0,
         }
     ] * 4
-    assert [c["path"] for c in service.calls("save_weights")] == ["step_2", "step_3", "step_4"]
+    assert [c["path"] for c in service.calls("save_weights")] == ["step_2", "step_3", "step_4", "step_1"]
 
     state = completed
     assert state["status"] == "completed" and state["step"] == 3 and state["backend"] == "tinker"

@@ -78,6 +78,9 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     start.add_argument("--memory-gb", type=float, help="memory in GB the run asks for (default: its backend's)")
     start.add_argument("--priority", type=int, help="queue order when it must wait: higher starts first")
     start.add_argument("--idempotency-key", help="a retry with the same key returns the same run")
+    start.add_argument(
+        "--init-from", metavar="RUN[:STEP]", help="warm start from another run's checkpoint (default: its newest)"
+    )
     _follow_options(start, "until the run ends, with live progress")
     lister = command(runs, "list", runs_list, "list runs, newest first")
     lister.add_argument("--status", choices=list(RunStatus))
@@ -92,6 +95,10 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     stop = command(runs, "stop", runs_stop, "stop a run")
     stop.add_argument("run_id")
     stop.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for it to end")
+    resume = command(runs, "resume", runs_resume, "resume a stopped or failed run from its checkpoint")
+    resume.add_argument("run_id")
+    resume.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    _follow_options(resume, "until the run ends, with live progress")
     results = command(runs, "results", runs_results, "a run's final metrics, checkpoints and weights")
     results.add_argument("run_id")
     logs = command(runs, "logs", runs_logs, "a run process's log")
@@ -246,12 +253,30 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
         "resources": _resources(args),
         "priority": args.priority,
         "idempotency_key": args.idempotency_key,
+        "init_from": _init_from(args.init_from) if args.init_from else None,
     }
     run = client.post("/runs", {k: v for k, v in body.items() if v is not None})
     if not args.follow:
         _emit(args, run, _run_text)
         return 0
     print(f"run {run['id']} started", file=sys.stderr)
+    return _finish_following(args, _follow_run(client, run["id"], args.interval))
+
+
+def _init_from(value: str) -> dict[str, Any]:
+    """RUN or RUN:STEP."""
+    run, _, step = value.partition(":")
+    if step and not step.isdigit():
+        raise SystemExit(f"--init-from: {step!r} is not a step number (RUN or RUN:STEP)")
+    return {"run": run, "step": int(step) if step else None}
+
+
+def runs_resume(client: ApiClient, args: argparse.Namespace) -> int:
+    run = client.post(f"/runs/{_segment(args.run_id)}/resume", {"step": args.step})
+    if not args.follow:
+        _emit(args, run, _run_text)
+        return 0
+    print(f"run {run['id']} resumed from step {run['last_step']}", file=sys.stderr)
     return _finish_following(args, _follow_run(client, run["id"], args.interval))
 
 

@@ -1,8 +1,9 @@
 """Run states and their transitions, each a compare-and-set in the database.
 
 pending → [queued →] starting → running → stopping → stopped | completed | failed. Terminal states are sticky:
-no transition leaves them, whoever asks and whenever. A run waits `queued` while admission cannot start it
-(rlctl/service/runs/admission.py).
+no transition leaves them, whoever asks and whenever, but one: a resume (`reopen`) makes a stopped or failed run
+pending again, to continue from its checkpoint (docs/RUNS.md#resume-and-warm-start). A run waits `queued` while
+admission cannot start it (rlctl/service/runs/admission.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ def transition(session: Session, run_id: str, to: RunStatus, **fields: Any) -> b
     if to in TERMINAL:
         values.setdefault("ended_at", now)
     return changed_rows(session, update(Run).where(Run.id == run_id, Run.status.in_(ALLOWED[to])).values(**values)) == 1
+
+
+def reopen(session: Session, run_id: str, allowed: frozenset[RunStatus], **fields: Any) -> bool:
+    """Move a run in one of the `allowed` terminal states back to pending (a resume); False when it is not in one."""
+    values: dict[str, Any] = {
+        "status": PENDING,
+        "updated_at": utcnow(),
+        "ended_at": None,
+        "failure": None,
+        "stalled": False,
+        **fields,
+    }
+    return changed_rows(session, update(Run).where(Run.id == run_id, Run.status.in_(allowed)).values(**values)) == 1
 
 
 def running_seconds(run: Run, now: datetime) -> float:

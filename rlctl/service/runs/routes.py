@@ -27,6 +27,7 @@ from rlctl.service.runs.schemas import (
     ProcessRole,
     PromptSplit,
     RateLimitedBody,
+    ResumeRunRequest,
     RunList,
     RunMetrics,
     RunOut,
@@ -137,6 +138,21 @@ async def stop_run(
     A run still starting stops starting; a queued run ends `stopped` without starting. A run that has already ended
     is a 409 INVALID_STATE."""
     return await run_in_threadpool(service.stop_run, ctx, RunManager.of(ctx), run_id, wait_s)
+
+
+@router.post(
+    "/{run_id}/resume",
+    response_model=RunOut,
+    summary="Resume a stopped or failed run",
+    responses=error_responses(404, 409, 422),
+    dependencies=[OPERATE],
+)
+async def resume_run(ctx: Ctx, run_id: RunId, body: ResumeRunRequest | None = None) -> RunOut:
+    """Continue the run from its newest checkpoint (or the one of `step`) with its optimiser state: the same run id,
+    its metrics kept up to that step, later checkpoints dropped. It goes `pending` and starts like a new run. A run
+    that is not stopped or failed is a 409 INVALID_STATE; one without that checkpoint 404 CHECKPOINT_NOT_FOUND."""
+    request = body or ResumeRunRequest()
+    return await run_in_threadpool(service.resume_run, ctx, RunManager.of(ctx), run_id, request)
 
 
 @router.get(

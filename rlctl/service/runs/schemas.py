@@ -78,6 +78,25 @@ class ResourcesOut(BaseModel):
     memory_gb: float
 
 
+class InitFrom(BaseModel):
+    """Another run's checkpoint whose weights start a new run (a warm start; docs/RUNS.md#resume-and-warm-start)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(pattern=NAME_PATTERN, description="The source run's id.")
+    step: int | None = Field(None, ge=0, le=(1 << 62), description="Its checkpoint's step; null: its newest.")
+
+
+class ResumeRunRequest(BaseModel):
+    """POST /runs/{id}/resume and rl_resume_training: which checkpoint a stopped or failed run continues from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int | None = Field(
+        None, ge=0, le=(1 << 62), description="The checkpoint's step; null: the newest. Later ones are dropped."
+    )
+
+
 class CreateRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -99,6 +118,9 @@ class CreateRunRequest(BaseModel):
         max_length=200,
         pattern=r"^[^\x00-\x1f\x7f]+$",
         description="Same key, same run: a retried request never starts a second run.",
+    )
+    init_from: InitFrom | None = Field(
+        None, description="Start from another run's checkpoint (its weights, not its optimiser state): a warm start."
     )
 
     @model_validator(mode="after")
@@ -189,6 +211,9 @@ class RunOut(RunSummary):
         None, description="A dataset run's split: counts of groups or prompts, what was left out and why."
     )
     ports: dict[str, int]
+    init_from: dict[str, Any] | None = Field(
+        None, description="The checkpoint a warm-started run began from: {run, step} (its lineage); null otherwise."
+    )
     resources: ResourcesOut | None = Field(None, description="What the run asked for (null: recorded before).")
     executor: str = Field("local", description="Where its processes run: local or ray (docs/RUNS.md#executors).")
     executor_handle: str | None = Field(None, description="The executor's id of the run (a Ray submission id).")

@@ -56,7 +56,7 @@ from rlctl.service.pagination import (
     newest_first_statement,
     page_parameters,
 )
-from rlctl.service.runs import admission, lifecycle, metrics, ratelimit
+from rlctl.service.runs import admission, continuation, lifecycle, metrics, ratelimit
 from rlctl.service.runs import datasets as dataset_runs
 from rlctl.service.runs.launch import Ports
 from rlctl.service.runs.manager import RunManager, process_record
@@ -68,6 +68,7 @@ from rlctl.service.runs.schemas import (
     LiveProcess,
     ProcessOut,
     PromptSplit,
+    ResumeRunRequest,
     RunList,
     RunMetrics,
     RunOut,
@@ -127,10 +128,17 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     require_backend(ctx, chosen)
     plan = environments.plan_run_config(ctx, _environment_name(request), request.config, chosen)
     resources = requested_resources(manager.executor, request, chosen)
+    start = continuation.warm_start(ctx, request.init_from, plan.backend) if request.init_from else None
     paths = RunPaths(ctx.settings.data_path, new_run_id())
     wandb_plan = _wandb_plan(ctx)
     ports = Ports(*free_ports(2))
     config = _merged_config(ctx, request, plan, paths, ports, wandb_plan.mode != WandbMode.DISABLED)
+    if start is not None:
+        try:
+            continuation.apply_warm_start(config, start)
+        except Exception:
+            shutil.rmtree(paths.run_dir, ignore_errors=True)  # a dataset split written for a run never recorded
+            raise
     run = _new_run(manager, request, plan, paths, ports, config, wandb_plan)
     run.request_hash, run.resources = request_hash, resources.to_dict()
     try:
@@ -263,6 +271,8 @@ def _request_hash(request: CreateRunRequest) -> str:
         fields["resources"] = request.resources.model_dump(mode="json")
     if request.priority:
         fields["priority"] = request.priority
+    if request.init_from is not None:
+        fields["init_from"] = request.init_from.model_dump(mode="json")
     canonical = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -469,6 +479,7 @@ def _run_out(
         collapse=state.get("collapse"),
         dataset=dataset_runs.read_plan(paths.run_dir) if run.dataset_id else None,
         ports=run.ports,
+        init_from=continuation.lineage(run.config),
         updated_at=run.updated_at,
         logs=paths.logs(),
         processes=processes,
@@ -565,6 +576,14 @@ def stop_run(ctx: AppContext, manager: RunManager, run_id: str, wait_s: float = 
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not is_terminal(ctx, run_id):
         time.sleep(0.2)
+    return get_run(ctx, run_id)
+
+
+def resume_run(ctx: AppContext, manager: RunManager, run_id: str, request: ResumeRunRequest) -> RunOut:
+    """Continue a stopped or failed run from its checkpoint (docs/RUNS.md#resume-and-warm-start): same id, its
+    history kept up to that step; admission starts it like a new run."""
+    continuation.reopen(ctx, manager.replica_id, run_id, request.step)
+    manager.admit()
     return get_run(ctx, run_id)
 
 

@@ -18,7 +18,7 @@ from rlctl.service.runs import service as runs
 from rlctl.service.runs.datasets import DATASET_ENVIRONMENTS
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.ratelimit import describe_interval, status_rule
-from rlctl.service.runs.schemas import CreateRunRequest
+from rlctl.service.runs.schemas import CreateRunRequest, ResumeRunRequest
 from rlctl.service.states import RunStatus
 from rlctl.service.tools.registry import STATUS_RULE, Hints, NoArguments, Tool
 from rlctl.service.tools.schemas import (
@@ -33,6 +33,7 @@ from rlctl.service.tools.schemas import (
     LockedField,
     RateLimitedResult,
     ResultsResult,
+    ResumeTrainingArgs,
     RunArgs,
     RunBrief,
     RunsResult,
@@ -115,6 +116,7 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
             backend=args.backend or pending.get("backend"),
             resources=args.resources,
             priority=args.priority,
+            init_from=args.init_from,
         )
     else:
         request = CreateRunRequest(
@@ -123,6 +125,7 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
             backend=args.backend or state.pending_config.get("backend"),
             resources=args.resources,
             priority=args.priority,
+            init_from=args.init_from,
         )
     edits = request.config
     run, _created = runs.create_run(ctx, RunManager.of(ctx), request)
@@ -176,6 +179,25 @@ def stop_training(ctx: AppContext, _state: SessionState, args: RunArgs) -> Stopp
     stopped = run.status == RunStatus.STOPPED
     return StoppedResult(
         run_id=run.id, status=run.status, message="The run stopped." if stopped else "The run is stopping."
+    )
+
+
+def resume_training(ctx: AppContext, _state: SessionState, args: ResumeTrainingArgs) -> StartedResult:
+    run = runs.resume_run(ctx, RunManager.of(ctx), args.run_id, ResumeRunRequest(step=args.step))
+    return StartedResult(
+        run_id=run.id,
+        status=run.status,
+        environment=run.environment,
+        dataset_id=run.dataset_id,
+        backend=run.backend,
+        config={},
+        wandb_project=run.wandb_project,
+        wandb_run_name=run.wandb_run_name,
+        config_path=run.config_path,
+        logs=run.logs,
+        message=f"Run {run.id} resumes from the checkpoint of step {run.last_step} with its optimiser state; "
+        + f"check it with rl_check_status({run.id!r}). "
+        + status_rule(ctx.settings.status_check_interval_s),
     )
 
 
@@ -306,6 +328,16 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
         scope=Scope.OPERATE,
     ),
     Tool(
+        "rl_resume_training",
+        "Resume a stopped or failed run from its newest checkpoint (or the one of `step`) with its optimiser state: "
+        "the same run id, its history continued. Later checkpoints and metrics are dropped.",
+        ResumeTrainingArgs,
+        StartedResult,
+        resume_training,
+        Hints(open_world=True),
+        scope=Scope.OPERATE,
+    ),
+    Tool(
         "rl_get_results",
         "Get a run's final metrics, metric history, checkpoints and trained weights (path or tinker:// URI).",
         RunArgs,
@@ -326,7 +358,7 @@ RL_TOOLS: tuple[Tool[Any], ...] = (
     ),
 )
 
-# After the inference tools in the catalog: agents see the nine run tools and rl_test_inference first.
+# After the inference tools in the catalog: agents see the ten run tools and rl_test_inference first.
 EVALUATION_TOOLS: tuple[Tool[Any], ...] = (
     Tool(
         "rl_evaluate",

@@ -34,7 +34,14 @@ from rlctl.service.inference_tests.schemas import (
 )
 from rlctl.service.jobs.schemas import JobProgress
 from rlctl.service.pagination import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
-from rlctl.service.runs.schemas import DatasetSource, Failure, HeadlineMetrics, LiveProcess, RunResources
+from rlctl.service.runs.schemas import (
+    DatasetSource,
+    Failure,
+    HeadlineMetrics,
+    InitFrom,
+    LiveProcess,
+    RunResources,
+)
 from rlctl.service.settings import Backend
 from rlctl.service.states import JobStatus, RunStatus
 from rlctl.service.tools.registry import ToolArguments
@@ -77,6 +84,9 @@ class StartTrainingArgs(ToolArguments):
         "the pending ones when dataset_offline (or dataset_online) is the selected environment. Null: the "
         "selected environment.",
     )
+    init_from: InitFrom | None = Field(
+        None, description="A warm start: {run, step} of another run's checkpoint whose weights start this run."
+    )
 
 
 class EvaluationArgs(ToolArguments):
@@ -85,6 +95,12 @@ class EvaluationArgs(ToolArguments):
 
 class RunArgs(ToolArguments):
     run_id: str = Field(description=RUN_ID)
+
+
+class ResumeTrainingArgs(RunArgs):
+    step: int | None = Field(
+        None, ge=0, le=(1 << 62), description="The checkpoint's step to continue from; null: the newest."
+    )
 
 
 class ListRunsArgs(ToolArguments):

@@ -87,6 +87,8 @@ class Checkpoint:
     step: int
     path: str  # local directory or tinker:// URI of the training state
     weights: str  # what a user loads for inference: local adapter directory or tinker:// sampler URI
+    # False: the weights alone, a warm start from another run's checkpoint (its optimiser state is not this run's)
+    optimizer: bool = True
 
     def as_record(self) -> dict[str, Any]:
         return {"step": self.step, "path": self.path, "weights": self.weights}

@@ -143,7 +143,7 @@ class LocalBackend(TrainingBackend):
         self.stop_token_ids = frozenset(self._eos_ids)  # a completion not ending in one was truncated
         self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
         if resume_from is not None:
-            self._load_checkpoint(Path(resume_from.path))
+            self._load_checkpoint(Path(resume_from.path), resume_from.optimizer)
         # Last: a process sampler forks here, with the model built (docs/TRAINER.md#local-sampling).
         sampler = ProcessSampler if use_process_sampler(config.sampler, self._device) else BatchedSampler
         self._sampler: BatchedSampler | ProcessSampler = sampler(
@@ -270,14 +270,15 @@ class LocalBackend(TrainingBackend):
         staging.rename(directory)
         return Checkpoint(step=step, path=str(directory), weights=str(directory))
 
-    def _load_checkpoint(self, directory: Path) -> None:
+    def _load_checkpoint(self, directory: Path, with_optimizer: bool = True) -> None:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         set_peft_model_state_dict(self.model, load_file(directory / ADAPTER_FILE, device=str(self._device)))
-        optimizer_state = torch.load(directory / OPTIMIZER_FILE, map_location=self._device, weights_only=True)
-        self._optimizer.load_state_dict(optimizer_state)
-        log.info("resumed local backend from %s", directory)
+        if with_optimizer:
+            optimizer_state = torch.load(directory / OPTIMIZER_FILE, map_location=self._device, weights_only=True)
+            self._optimizer.load_state_dict(optimizer_state)
+        log.info("%s local backend from %s", "resumed" if with_optimizer else "warm-started", directory)
 
     # --- sampling -------------------------------------------------------------------------------
 

@@ -206,7 +206,7 @@ class TinkerBackend(TrainingBackend):
         if resume_from is None:
             self._training = self._create_lora_client(config.lora_rank)
         else:
-            self._training = self._resume(resume_from.path)
+            self._training = self._resume(resume_from.path, resume_from.optimizer)
         self._sampler_lock = threading.Lock()
         self._sampler: tinker.SamplingClient | None = None
         log.info("tinker training client ready for %s (model id %s)", config.base_model, self._training.model_id)
@@ -223,17 +223,20 @@ class TinkerBackend(TrainingBackend):
         )
         return future.result(timeout=RESULT_TIMEOUT_S)
 
-    def _resume(self, path: str):
-        """A training client with the weights and optimiser state saved at `path`."""
+    def _resume(self, path: str, with_optimizer: bool = True):
+        """A training client with the weights (and, unless a warm start, the optimiser state) saved at `path`."""
         if self.protocol == "current":
-            future = self._service.create_training_client_from_state_with_optimizer(path)
+            if with_optimizer:
+                future = self._service.create_training_client_from_state_with_optimizer(path)
+            else:
+                future = self._service.create_training_client_from_state(path)
             return future.result(timeout=RESULT_TIMEOUT_S)
         # The 0.25 protocol has no create-via-load: create the model with the checkpoint's rank, then load into it
         # as its first request (what SDK 0.25 did; the 0.38 SDK keeps the call, deprecated, for such servers).
         info = self._tinker.RestClient().get_weights_info_by_tinker_path(path).result(timeout=RESULT_TIMEOUT_S)
         training = self._create_lora_client(info.lora_rank or self._config.lora_rank)
         with _deprecation_notice_silenced():
-            future = training.load_state_with_optimizer(path)
+            future = training.load_state_with_optimizer(path) if with_optimizer else training.load_state(path)
         future.result(timeout=RESULT_TIMEOUT_S)
         return training
 
