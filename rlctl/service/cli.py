@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from rlctl.service.client.commands import add_client_commands
 from rlctl.service.settings import Settings
+
+MIN_API_TOKEN_CHARS = 16  # a shorter RLCTL_API_TOKEN can be guessed; `rlctl tokens create` makes 48 characters
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +75,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rlctl.service.observability import configure_logging
     from rlctl.service.startup import build_app_context, start_up_work
 
+    # Every file the service and its children create is its owner's only: the database, logs, run directories.
+    os.umask(0o077)
     settings = Settings()
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    if token is not None and len(token) < MIN_API_TOKEN_CHARS:
+        print(
+            f"refusing to start: RLCTL_API_TOKEN has {len(token)} characters, fewer than {MIN_API_TOKEN_CHARS} "
+            "(make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')",
+            file=sys.stderr,
+        )
+        return 2
     if is_open(settings, tokens_file=TokenStore(settings.tokens_path).exists()) and not is_loopback(args.host):
         print(
             f"refusing to listen on {args.host} without RLCTL_API_TOKEN: set a token, or bind to 127.0.0.1",

@@ -118,6 +118,12 @@ def replica_identity(settings: Settings) -> str:
 def build_context(settings: Settings) -> AppContext:
     """The kernel's parts of a context; rlctl/service/app.py provides the domains' components."""
     settings.data_path.mkdir(parents=True, exist_ok=True)
+    try:
+        settings.data_path.chmod(0o700)  # the database, logs and runs are the service's own (docs/SECURITY.md)
+    except PermissionError:
+        logging.getLogger("rlctl").warning(
+            "the data directory %s is not this user's: its mode is kept", settings.data_path
+        )
     return AppContext(
         settings=settings,
         db=Database(settings.sqlalchemy_url),

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 # The name of the token that acted (never the token): in the access log and the records it creates.
 actor_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("actor", default=None)
+# The acting token's scopes (their names); None for the service's own calls.
+caller_scopes_var: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("caller_scopes", default=None)
 
 _STANDARD_RECORD_KEYS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 

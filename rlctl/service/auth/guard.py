@@ -22,7 +22,7 @@ from rlctl.service.auth.scopes import Scope, allows
 from rlctl.service.auth.tokens import ANONYMOUS, ENV_TOKEN_NAME, Principal, TokenFileError, TokenStore, find_token
 from rlctl.service.errors import InsufficientScope, PayloadTooLarge, ServiceError, Unauthorized, Unavailable
 from rlctl.service.http import error_response
-from rlctl.service.observability import actor_var
+from rlctl.service.observability import actor_var, caller_scopes_var
 from rlctl.service.settings import Settings
 
 logger = logging.getLogger("rlctl.auth")
@@ -83,6 +83,7 @@ def remember(request: Request, principal: Principal) -> None:
     """The acting token's name, for the access log (request state) and for records the request creates."""
     request.state.token_name = principal.name
     actor_var.set(principal.name)
+    caller_scopes_var.set(frozenset(scope.value for scope in principal.scopes))
 
 
 class ScopeCheck:

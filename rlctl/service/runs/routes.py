@@ -118,7 +118,8 @@ async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
 async def check_run_status(ctx: Ctx, run_id: RunId) -> RunStatusOut:
     """Processes, running time and latest metrics, looked at now. One check per run per
     `RLCTL_STATUS_CHECK_INTERVAL_S` (30 minutes by default): a check within the interval answers 429 with
-    `Retry-After`, `next_check_in_seconds` and the last snapshot. An unknown id is 404 and uses nothing."""
+    `Retry-After`, `next_check_in_seconds` and the last snapshot. An unknown id is 404 and uses nothing. A
+    read-only token never checks live: it gets the last snapshot (`live: false`), or 429 before the first."""
     return await run_in_threadpool(service.check_status, ctx, run_id)
 
 

@@ -263,7 +263,10 @@ class RunSnapshot(RunSummary):
 
 
 class RunStatusOut(RunSnapshot):
-    live: bool = Field(description="False for a run that has ended: its final, stored state, outside the limit.")
+    live: bool = Field(
+        description="False for a run that has ended (its final, stored state, outside the limit) and for a "
+        "read-only token's check (the last live check's snapshot)."
+    )
     rate_limited: Literal[False]
     next_check_in_seconds: float = Field(0.0, description="0 for an ended run: its state no longer changes.")
 

@@ -31,9 +31,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
+from rlctl.service.auth.scopes import Scope, allows
 from rlctl.service.context import AppContext
 from rlctl.service.db.json_sql import json_array_agg, json_object, json_value
-from rlctl.service.db.models import Run, RunProcess
+from rlctl.service.db.models import Run, RunProcess, StatusCheck
 from rlctl.service.db.plans import Read, ReadPlan, run_plan_on
 from rlctl.service.db.rows import load_row
 from rlctl.service.db.types import utc_value, utcnow
@@ -48,7 +49,7 @@ from rlctl.service.errors import (
     ValidationFailed,
 )
 from rlctl.service.names import validate_name
-from rlctl.service.observability import actor_var
+from rlctl.service.observability import actor_var, caller_scopes_var
 from rlctl.service.pagination import (
     DEFAULT_PAGE,
     decode_cursor,
@@ -502,6 +503,8 @@ def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
         if run.status in lifecycle.TERMINAL:
             return RunStatusOut(**dict(_live_snapshot(ctx, session, run, now)), live=False, rate_limited=False)
         stored = RunSummary.model_validate(_summary_fields(run)).model_dump(mode="json") | {"failure": run.failure}
+        if not may_check_live():
+            return _last_snapshot(session, run_id, now, interval, stored)
         allowance = ratelimit.acquire(session, run_id, now, interval)
         if allowance.allowed:
             snapshot = _live_snapshot(ctx, session, run, now)
@@ -522,6 +525,37 @@ def check_status(ctx: AppContext, run_id: str) -> RunStatusOut:
             },
         )
     return RunStatusOut(**dict(snapshot), live=True, rate_limited=False, next_check_in_seconds=interval)
+
+
+def may_check_live() -> bool:
+    """A live check spends the run's allowance for everyone: a caller that may operate (or the service itself)
+    makes one; a read-only token sees the last snapshot (docs/RUNS.md#rate-limit)."""
+    scopes = caller_scopes_var.get()
+    return scopes is None or allows([Scope(name) for name in scopes], Scope.OPERATE)
+
+
+def _last_snapshot(
+    session: Session, run_id: str, now: datetime, interval: float, stored: dict[str, Any]
+) -> RunStatusOut:
+    """The last live check's snapshot (`live: false`), the allowance untouched; a 429 carrying the stored record
+    when no check was made yet."""
+    row = session.get(StatusCheck, run_id)
+    wait = max(0.0, interval - (now - row.checked_at).total_seconds()) if row is not None else 0.0
+    if row is None or not row.snapshot:
+        raise RateLimited(
+            f"run {run_id} has no status snapshot yet: a read-only token sees the last live check's snapshot, "
+            "and a token with the operate scope makes the live check",
+            retry_after_s=max(wait, 1.0),
+            details={
+                "rate_limited": True,
+                "run_id": run_id,
+                "next_check_in_seconds": round(wait, 1),
+                "last_checked_at": row.checked_at.isoformat() if row is not None else now.isoformat(),
+                "last_snapshot": None,
+                "stored": stored,
+            },
+        )
+    return RunStatusOut(**row.snapshot, live=False, rate_limited=False, next_check_in_seconds=round(wait, 1))
 
 
 def _live_snapshot(ctx: AppContext, session: Session, run: Run, now: datetime) -> RunSnapshot:

@@ -10,7 +10,7 @@ from rlctl.service.auth.scopes import Scope, allows
 from rlctl.service.auth.tokens import Principal
 from rlctl.service.context import AppContext
 from rlctl.service.errors import InvalidName
-from rlctl.service.observability import actor_var
+from rlctl.service.observability import actor_var, caller_scopes_var
 from rlctl.service.tools import sessions
 from rlctl.service.tools.catalog import ALL_TOOLS, find_tool
 from rlctl.service.tools.registry import Tool, ToolNotFound, invoke
@@ -58,6 +58,7 @@ def call_tool(
     the `tool_session` argument, the header, the MCP connection, else `default` (docs/ARCHITECTURE.md#tool-sessions)."""
     tool = authorize_tool(principal, name)
     actor_var.set(principal.name)  # records the tool creates name the token (this runs in a worker thread)
+    caller_scopes_var.set(frozenset(scope.value for scope in principal.scopes))
     session_name = sessions.session_name(None, session_header, connection)
     explicit = arguments.get(sessions.SESSION_ARGUMENT) if tool.stateful and isinstance(arguments, dict) else None
     if explicit is not None:
