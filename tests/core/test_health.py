@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import httpx
+import pytest
 from fastapi import FastAPI
+from sqlalchemy import Connection, create_engine, text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rlctl.service.db.engine import REQUEST_THREADS
+from rlctl.service.db.engine import LOOP_READ_CONNECTIONS, REQUEST_THREADS
 from rlctl.service.settings import Settings
 from tests.support.live import LiveService, live_service
 from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
@@ -43,6 +45,38 @@ def test_probes_answer_while_every_worker_thread_is_held(make_settings: Callable
         assert len(holding) == REQUEST_THREADS  # the probes went by while reads still waited for a thread
         release.set()
         wait_until(lambda: len(holding) == HELD, timeout=60, message="the waiting reads served after the release")
+
+
+def test_readiness_has_a_connection_of_its_own_while_every_read_connection_waits(
+    make_settings: Callable[..., Settings], database_url: str
+) -> None:
+    """PostgreSQL: the runs table locked, more reads than the loop's read connections wait on it; /readyz still
+    answers (its read would otherwise queue behind them, and give up with a 503)."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite's reads run in the service's process, on no pool")
+    held = LOOP_READ_CONNECTIONS + 4
+    with live_service(make_settings()) as live, ExitStack() as stack:
+        locker = create_engine(database_url)
+        stack.callback(locker.dispose)
+        lock = stack.enter_context(locker.connect())
+        lock.execute(text("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"))  # until the rollback below
+        stack.callback(lock.rollback)
+        connections = [stack.enter_context(_connection(live)) for _ in range(held)]
+        for connection in connections:
+            _send(connection, "/runs/absent")
+        wait_until(lambda: _waiting_on_runs(lock) >= LOOP_READ_CONNECTIONS, timeout=60, message="reads blocked")
+        with live.anonymous() as client:
+            ready = client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert _waiting_on_runs(lock) == LOOP_READ_CONNECTIONS  # the reads still wait: the probe went by them
+        lock.rollback()
+        for connection in connections:
+            assert _response(connection).startswith(b"HTTP/1.1 404")
+
+
+def _waiting_on_runs(lock: Connection) -> int:
+    query = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'runs'::regclass"
+    return int(lock.execute(text(query)).scalar_one())
 
 
 def test_a_probe_runs_ahead_of_the_requests_queued_before_it(make_settings: Callable[..., Settings]) -> None:

@@ -32,6 +32,8 @@ POOL_OVERFLOW = 10  # bursts beyond that (many runs supervised at once) open ext
 # most so long for a connection (then 503 UNAVAILABLE: the server is gone, or far too busy).
 LOOP_READ_CONNECTIONS = 8
 LOOP_READ_WAIT_S = 10.0
+# /readyz's read has a connection of its own: behind 200 queued reads a probe waited seconds for one of the eight.
+PROBE_READ_CONNECTIONS = 1
 
 
 class ReadOnlySession(Session):
@@ -52,6 +54,7 @@ class Database:
         self._read_engine = _read_engine(self.engine)
         self._reads = sessionmaker(self._read_engine, class_=ReadOnlySession, expire_on_commit=False)
         self._loop_reads: LoopReads | None = None
+        self._probe_reads: LoopReads | None = None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -90,16 +93,27 @@ class Database:
             return await run_in_threadpool(lambda: self.run_plan(plan(*args, **kwargs)))
         return await self._loop_reads.run(lambda: plan(*args, **kwargs))
 
+    async def probe_read(self, plan: Callable[[], ReadPlan[T]]) -> T:
+        """As `loop_read`, for a probe (`/readyz`): on PostgreSQL on a connection of its own, never queued behind
+        the other reads waiting for theirs (docs/ARCHITECTURE.md#performance)."""
+        if self._probe_reads is None:
+            return await self.loop_read(plan)
+        return await self._probe_reads.run(plan)
+
     async def open_loop_reads(self) -> None:
-        """On PostgreSQL, the connections of `loop_read` (they belong to the running loop)."""
+        """On PostgreSQL, the connections of `loop_read` and `probe_read` (they belong to the running loop)."""
         if not self.in_process and self._loop_reads is None:
             self._loop_reads = LoopReads(self.url, self.engine.dialect, LOOP_READ_CONNECTIONS, LOOP_READ_WAIT_S)
             await self._loop_reads.open()
+            self._probe_reads = LoopReads(self.url, self.engine.dialect, PROBE_READ_CONNECTIONS, LOOP_READ_WAIT_S)
+            await self._probe_reads.open()
 
     async def close_loop_reads(self) -> None:
-        if self._loop_reads is not None:
-            reads, self._loop_reads = self._loop_reads, None
-            await reads.close()
+        for name in ("_loop_reads", "_probe_reads"):
+            reads = getattr(self, name)
+            if reads is not None:
+                setattr(self, name, None)
+                await reads.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

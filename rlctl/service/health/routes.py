@@ -48,7 +48,7 @@ async def readyz(ctx: Ctx) -> Readiness:
     """Ready when the database answers and its schema is at the newest migration."""
     head = _head_revision()
     try:
-        current = await ctx.db.loop_read(_current_revision_plan)
+        current = await ctx.db.probe_read(_current_revision_plan)
     except (SQLAlchemyError, psycopg.Error) as exc:
         # No version table is a database never migrated: behind, like one with an older revision.
         if not _is_missing_table(exc):
