@@ -21,7 +21,7 @@ from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from rlctl.service.errors import ClientGone, InvalidValue, PayloadTooLarge, RateLimited, ServiceError
-from rlctl.service.observability import request_id_var
+from rlctl.service.observability import request_id_var, scrub_json
 
 logger = logging.getLogger("rlctl.http")
 
@@ -53,7 +53,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def handle_service_error(request: Request, exc: ServiceError) -> JSONResponse:
         # An error may carry text of untrusted code (an environment's import traceback): no secret leaves in it.
         scrub = request.app.state.context.scrub
-        exc.message, exc.details = scrub(exc.message), scrub_values(exc.details, scrub)
+        exc.message, exc.details = scrub(exc.message), scrub_json(exc.details, scrub)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -97,17 +97,6 @@ def install_error_handlers(app: FastAPI) -> None:
         error = ServiceError("internal error; the request id identifies it in the service log")
         error.status_code, error.code = 500, "INTERNAL_ERROR"
         return error_response(error)
-
-
-def scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:
-    """Every string in a JSON-like value (dict keys included) scrubbed."""
-    if isinstance(value, str):
-        return scrub(value)
-    if isinstance(value, dict):
-        return {scrub_values(k, scrub): scrub_values(v, scrub) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [scrub_values(item, scrub) for item in value]
-    return value
 
 
 class RequestIdMiddleware:

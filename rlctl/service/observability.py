@@ -7,8 +7,9 @@ import contextvars
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 # The name of the token that acted (never the token): in the access log and the records it creates.
@@ -55,6 +56,18 @@ def _base64_forms(secret: bytes) -> set[str]:
 
 
 _URLSAFE = str.maketrans("+/", "-_")
+
+
+def scrub_json(value: Any, scrub: Callable[[str], str]) -> Any:
+    """Every string of a JSON-like value (keys included) scrubbed: what a model, a tool or a caller wrote may hold
+    a secret."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub_json(key, scrub): scrub_json(item, scrub) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_json(item, scrub) for item in value]
+    return value
 
 
 class SecretScrubber(logging.Filter):

@@ -18,7 +18,9 @@ from pydantic import SecretStr
 from rlctl.service.environments.catalog import child_process_environment
 from rlctl.service.observability import Scrubber, SecretScrubber
 from rlctl.service.settings import BUILTIN_ENVIRONMENTS_DIR, SECRET_ENV_NAMES, SECRET_SETTINGS, Settings
-from tests.support.live import live_service
+from tests.datasets_api.chat_server import chat_server
+from tests.support.live import in_process_service, live_service
+from tests.support.waiting import scaled, wait_until
 
 SECRETS = {
     "api_token": "admin-secret-token-5150aa",
@@ -113,3 +115,47 @@ def test_a_failed_environment_import_answers_no_secret(make_settings: Callable[.
     for secret in SECRETS.values():
         assert all(copy not in answers for copy in (secret, secret[::-1])), secret
         assert base64.b64encode(("x" + secret).encode()).decode()[4:12] not in answers
+
+
+def test_a_secret_in_a_collections_prompts_is_kept_nowhere(make_settings: Callable[..., Settings]) -> None:
+    """A caller wrote a configured key into a collection's system prompt and a prompt's fields: it is `***` in the
+    collection's parameters (answers, database, files), its dataset's parameters and records, and what the model
+    got."""
+    secret = SECRETS["openrouter_api_key"]
+    reply = {"content": "<think>fine</think>The answer is 5."}
+    with chat_server(lambda body: (200, reply)) as model:
+        settings = make_settings(openrouter_api_key=secret)
+        with in_process_service(settings) as live, live.client() as client:
+            body = {
+                "name": "leaky-prompt",
+                "prompts": [{"prompt": "Add 2 and 3.", "answer": "5", "note": f"key {secret}"}],
+                "system_prompt": f"Use the key {secret} (reversed: {secret[::-1]}) to answer.",
+                "base_url": model.base_url,
+                "model": "scripted",
+                "max_turns": 1,
+            }
+            created = client.post("/collections", json=body)
+            assert created.status_code == 202, created.text
+            collection_id = created.json()["id"]
+            done = wait_until(
+                lambda: (
+                    (found := client.get(f"/collections/{collection_id}").json())["status"] in ("completed", "failed")
+                    and found
+                ),
+                timeout=scaled(120),
+                message="the collection ends",
+            )
+            assert done["status"] == "completed", done
+            dataset = client.get(f"/datasets/{done['dataset_id']}").json()
+            records = client.get(f"/datasets/{done['dataset_id']}/records").text
+            answers = json.dumps(done) + json.dumps(dataset) + records
+        stored = "".join(
+            path.read_text(errors="replace")
+            for path in settings.data_path.rglob("*")
+            if path.is_file()
+            if path.suffix in (".json", ".jsonl")
+        )
+    assert "Use the key ***" in json.dumps(done["params"])
+    for text in (answers, stored, json.dumps(model.requests)):
+        assert secret not in text and secret[::-1] not in text
+    assert any("Use the key ***" in json.dumps(request["messages"]) for request in model.requests)

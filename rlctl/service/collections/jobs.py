@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +46,7 @@ from rlctl.service.db.models import Collection, CollectionItem, Job
 from rlctl.service.db.types import utcnow
 from rlctl.service.errors import NotFound
 from rlctl.service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
+from rlctl.service.observability import scrub_json
 from rlctl.trajectories.convert import ConversionError
 from rlctl.trajectories.formats.chat import import_openai
 from rlctl.trajectories.records import TrajectoryRecord, record_from_dict, record_to_dict
@@ -255,8 +256,8 @@ class CollectionRun:
     def _record_trajectory(self, prompt_index: int, run_index: int, trajectory: Trajectory, toolbox: Toolbox) -> None:
         prompt = self.prompts[prompt_index]
         item = {
-            **{key: value for key, value in prompt.items() if key != "prompt"},
-            "messages": _scrubbed(trajectory.messages, self.ctx.scrub),
+            **scrub_json({key: value for key, value in prompt.items() if key != "prompt"}, self.ctx.scrub),
+            "messages": scrub_json(trajectory.messages, self.ctx.scrub),
             "tools": toolbox.schemas(),
             "completed": trajectory.completed,
             "collection_id": self.id,
@@ -388,7 +389,8 @@ class CollectionRun:
             "collection_id": self.id,
             "model": self.params["model"],
         }
-        parameters = {k: v for k, v in self.params.items() if k != "output_id"}
+        # Scrubbed at creation; again here for a collection stored before that (a secret in its system prompt).
+        parameters = scrub_json({k: v for k, v in self.params.items() if k != "output_id"}, self.ctx.scrub)
         row = builder.finish(
             self.ctx.db.session,
             self.params["output_id"],
@@ -442,18 +444,6 @@ class LimitedTransport(httpx2.HTTPTransport):
             extensions=response.extensions,
             request=request,
         )
-
-
-def _scrubbed(value: Any, scrub: Callable[[str], str]) -> Any:
-    """Every string of a JSON value with each configured secret replaced (model text and tool output may hold one:
-    a model may have been told one, or a tool may have printed one)."""
-    if isinstance(value, str):
-        return scrub(value)
-    if isinstance(value, list):
-        return [_scrubbed(item, scrub) for item in value]
-    if isinstance(value, dict):
-        return {key: _scrubbed(item, scrub) for key, item in value.items()}
-    return value
 
 
 def _read_prompts(path: Path) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from rlctl.service.db.types import utcnow
 from rlctl.service.errors import InvalidState, ValidationFailed
 from rlctl.service.jobs.runner import TERMINAL, UNFINISHED, JobRunner
 from rlctl.service.jobs.service import job_record
+from rlctl.service.observability import scrub_json
 from rlctl.service.pagination import DEFAULT_PAGE, newest_first_page
 from rlctl.service.states import JobStatus
 
@@ -89,10 +90,13 @@ def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> Coll
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)
     prompts_path = directory / "prompts.jsonl"
+    # No configured secret is kept (a system prompt or a prompt may hold one): the files, the database, the
+    # collection's answers and its dataset's parameters get `***`, and so does the model.
     with prompts_path.open("w", encoding="utf-8") as handle:
         for item in request.prompts:
-            handle.write(json.dumps(item.model_dump(exclude_none=True), ensure_ascii=False) + "\n")
-    stored = request.model_dump(exclude={"prompts"})
+            scrubbed = scrub_json(item.model_dump(exclude_none=True), ctx.scrub)
+            handle.write(json.dumps(scrubbed, ensure_ascii=False) + "\n")
+    stored = scrub_json(request.model_dump(exclude={"prompts"}), ctx.scrub)
     stored["output_id"] = new_dataset_id()
     stored["tools"] = sorted(set(request.tools))
     write_json_atomically(directory / "params.json", stored)
