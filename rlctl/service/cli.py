@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--port", type=int, default=8001)
     serve_model.set_defaults(handler=cmd_model_serve)
+    merge = model.add_parser("merge", help="merge a checkpoint's LoRA adapter into its base model (a new directory)")
+    merge.add_argument("base", help="the base model: a directory or a cached hub id")
+    merge.add_argument("checkpoint", help="a local checkpoint directory (runs/{id}/checkpoints/step_N)")
+    merge.add_argument("output", help="a new directory for the merged model")
+    merge.set_defaults(handler=cmd_model_merge)
 
     tokens = commands.add_parser("tokens", help="API tokens with scopes (docs/AUTH.md)").add_subparsers(
         title="tokens commands"
@@ -116,6 +121,12 @@ def cmd_model_serve(args: argparse.Namespace) -> int:
     argv = [args.directory, "--host", args.host, "--port", str(args.port)]
     argv += ["--adapter", args.adapter] if args.adapter else []
     return serve([*argv, *(["--name", args.name] if args.name else [])])
+
+
+def cmd_model_merge(args: argparse.Namespace) -> int:
+    from rlctl.trainer.merge import main as merge
+
+    return merge([args.base, args.checkpoint, args.output])
 
 
 def cmd_tokens_create(args: argparse.Namespace) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -230,6 +232,14 @@ def test_a_stopped_run_resumes_and_a_new_run_starts_warm(any_database_settings: 
         continued = mean([after[s] for s in range(last + 1, last + 4)])
         print(f"reward: base {base:.2f}, before the stop {before_stop:.2f}, after the resume {continued:.2f}")
         assert continued > base + 0.05, after  # not reset to the base's reward
+        archived = client.get(f"/runs/{run_id}/checkpoints/30/archive")
+        assert archived.status_code == 200 and archived.headers["content-type"] == "application/x-tar"
+        with tarfile.open(fileobj=io.BytesIO(archived.content)) as archive:
+            assert set(archive.getnames()) >= {f"{run_id}-step_30/adapter_model.safetensors"}
+            assert not any(name.endswith("optimizer.pt") for name in archive.getnames())
+        missing_archive = client.get(f"/runs/{run_id}/checkpoints/7/archive")
+        assert missing_archive.status_code == 404
+        assert missing_archive.json()["error"]["code"] == "CHECKPOINT_NOT_FOUND"
         again = client.post(f"/runs/{run_id}/resume")
         assert again.status_code == 409 and again.json()["error"]["code"] == "INVALID_STATE"  # completed
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Path as Path_
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -16,7 +17,7 @@ from rlctl.service.context import AppContext
 from rlctl.service.deps import Ctx
 from rlctl.service.names import name_path
 from rlctl.service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
-from rlctl.service.runs import node, service
+from rlctl.service.runs import archive, node, service
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.paths import RunPaths
 from rlctl.service.runs.schemas import (
@@ -154,6 +155,29 @@ async def resume_run(ctx: Ctx, run_id: RunId, body: ResumeRunRequest | None = No
     that is not stopped or failed is a 409 INVALID_STATE; one without that checkpoint 404 CHECKPOINT_NOT_FOUND."""
     request = body or ResumeRunRequest()
     return await run_in_threadpool(service.resume_run, ctx, RunManager.of(ctx), run_id, request)
+
+
+@logs_router.get(
+    "/{run_id}/checkpoints/{step}/archive",
+    response_class=StreamingResponse,
+    summary="Download a checkpoint's weights",
+    responses=response(200, "A tar archive: the LoRA adapter and its config", media_type="application/x-tar")
+    | json_error_responses(401, 403, 404, 409, 422),
+    dependencies=[READ],
+)
+async def get_checkpoint_archive(
+    ctx: Ctx, run_id: RunId, step: Annotated[int, Path_(ge=0, le=MAX_STEP, description="The checkpoint's step.")]
+) -> StreamingResponse:
+    """A local checkpoint as a tar stream: `{run}-step_{N}/` with `adapter_model.safetensors`,
+    `adapter_config.json` and `trainer_checkpoint.json` (not the optimiser state). Load it with peft, serve it with
+    `rlctl model serve --adapter`, or merge it with `rlctl model merge`. A checkpoint on the Tinker service is a
+    409 INVALID_STATE (download it from Tinker); a step without one 404 CHECKPOINT_NOT_FOUND."""
+    top, files = await run_in_threadpool(service.checkpoint_archive, ctx, run_id, step)
+    return StreamingResponse(
+        archive.tar_stream(top, files),
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
+    )
 
 
 @router.get(

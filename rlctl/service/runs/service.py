@@ -57,7 +57,7 @@ from rlctl.service.pagination import (
     newest_first_statement,
     page_parameters,
 )
-from rlctl.service.runs import admission, continuation, lifecycle, metrics, ratelimit
+from rlctl.service.runs import admission, archive, continuation, lifecycle, metrics, ratelimit
 from rlctl.service.runs import datasets as dataset_runs
 from rlctl.service.runs.launch import Ports
 from rlctl.service.runs.manager import RunManager, process_record
@@ -619,6 +619,14 @@ def resume_run(ctx: AppContext, manager: RunManager, run_id: str, request: Resum
     continuation.reopen(ctx, manager.replica_id, run_id, request.step)
     manager.admit()
     return get_run(ctx, run_id)
+
+
+def checkpoint_archive(ctx: AppContext, run_id: str, step: int) -> tuple[str, list[Path]]:
+    """What GET /runs/{id}/checkpoints/{step}/archive streams: checked here, before any byte is sent."""
+    validate_name(run_id, f"{RunNotFound.subject} id")
+    with ctx.db.read() as session:
+        load_row(session, Run, run_id, RunNotFound)
+    return archive.checkpoint_files(RunPaths(ctx.settings.data_path, run_id), step)
 
 
 # --- results, metrics, logs ---
