@@ -19,9 +19,11 @@ from pydantic import BaseModel, TypeAdapter
 JsonSchema = dict[str, Any]
 
 
-def strict_input_schema(model: type[BaseModel]) -> JsonSchema:
+def strict_input_schema(model: type[BaseModel], relaxed: bool = False) -> JsonSchema:
+    """`relaxed`: the same schema, but `required` lists only the arguments without a default (MCP clients such as
+    openai-agents refuse a call that leaves out a listed one, though null would mean its default)."""
     schema = _inline(model.model_json_schema(mode="validation"))
-    return _strict(schema)
+    return _strict(schema, relaxed)
 
 
 def output_schema(result: Any) -> JsonSchema:
@@ -58,25 +60,26 @@ def without_default_nulls(model: type[BaseModel], arguments: Mapping[str, Any]) 
 # --- helpers ---
 
 
-def _strict(schema: JsonSchema) -> JsonSchema:
+def _strict(schema: JsonSchema, relaxed: bool = False) -> JsonSchema:
     schema = {k: v for k, v in schema.items() if k not in ("title", "default")}
     if "properties" in schema:
         required = set(schema.get("required", ()))
         properties = {}
         for name, original in schema["properties"].items():
-            prop = _strict(original)
+            prop = _strict(original, relaxed)
             if name not in required:
                 prop = _optional(prop, original.get("default"))
             properties[name] = prop
-        schema.update(properties=properties, required=list(properties), additionalProperties=False)
+        listed = [name for name in properties if name in required] if relaxed else list(properties)
+        schema.update(properties=properties, required=listed, additionalProperties=False)
     elif schema.get("type") == "object":
         schema["additionalProperties"] = False  # strict mode knows no open objects
     for key in ("items",):
         if isinstance(schema.get(key), dict):
-            schema[key] = _strict(schema[key])
+            schema[key] = _strict(schema[key], relaxed)
     for key in ("anyOf", "allOf", "oneOf", "prefixItems"):
         if key in schema:
-            schema[key] = [_strict(option) for option in schema[key]]
+            schema[key] = [_strict(option, relaxed) for option in schema[key]]
     return schema
 
 

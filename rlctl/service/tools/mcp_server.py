@@ -240,7 +240,7 @@ def mcp_tool(tool: Tool[Any], settings: Settings) -> types.Tool:
     return types.Tool(
         name=tool.name,
         description=tool.describe(settings),
-        input_schema=tool.input_schema,
+        input_schema=tool.mcp_input_schema,
         output_schema=tool.output_schema,
         annotations=types.ToolAnnotations(
             read_only_hint=tool.hints.read_only,

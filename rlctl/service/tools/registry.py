@@ -89,10 +89,20 @@ class Tool(Generic[ArgumentsT]):
 
     @cached_property
     def input_schema(self) -> JsonSchema:
+        """Strict (OpenAI function calling): every argument listed as required, an optional one nullable."""
         schema = strict_input_schema(self.arguments)
         if self.stateful:
             schema["properties"] = {**schema.get("properties", {}), SESSION_ARGUMENT: SESSION_ARGUMENT_SCHEMA}
             schema["required"] = [*schema.get("required", ()), SESSION_ARGUMENT]
+        return schema
+
+    @cached_property
+    def mcp_input_schema(self) -> JsonSchema:
+        """The same arguments for MCP clients: only those without a default are required (openai-agents refuses
+        a call that leaves out one listed as required)."""
+        schema = strict_input_schema(self.arguments, relaxed=True)
+        if self.stateful:
+            schema["properties"] = {**schema.get("properties", {}), SESSION_ARGUMENT: SESSION_ARGUMENT_SCHEMA}
         return schema
 
     @cached_property
