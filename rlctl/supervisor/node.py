@@ -139,7 +139,7 @@ def process_specs(layout: NodeLayout, plan: dict[str, Any]) -> list[ProcessSpec]
         if ready.get("kind") == "http":
             probe = http_answers(ready["url"])
         elif ready.get("kind") == "atropos":
-            probe = atropos_env_registered(ready["url"])
+            probe = atropos_env_registered(ready["url"], int(ready.get("envs") or 1))
         env = {**_node_environment(), **{k: layout.localize(v) for k, v in entry["env"].items()}, **gpus}
         specs.append(
             ProcessSpec(

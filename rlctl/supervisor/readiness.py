@@ -51,15 +51,17 @@ class HttpAnswers:
 
 @dataclass(frozen=True)
 class AtroposEnvRegistered:
-    """Ready when an environment has registered with the run's Atropos API (it then produces rollouts)."""
+    """Ready when `envs` environments have registered with the run's Atropos API (they then produce rollouts):
+    the API numbers them from 0 as they register, so the last one's status answers."""
 
     url: str  # the Atropos API's base URL
+    envs: int = 1
     kind: ClassVar[str] = "atropos"
 
     def __call__(self) -> bool:
         request = urllib.request.Request(
             f"{self.url}/status-env",
-            data=json.dumps({"env_id": 0}).encode(),
+            data=json.dumps({"env_id": self.envs - 1}).encode(),
             headers={"Content-Type": "application/json"},
             method="GET",
         )
@@ -75,8 +77,8 @@ def http_answers(url: str) -> HttpAnswers:
     return HttpAnswers(url)
 
 
-def atropos_env_registered(api_url: str) -> AtroposEnvRegistered:
-    return AtroposEnvRegistered(api_url)
+def atropos_env_registered(api_url: str, envs: int = 1) -> AtroposEnvRegistered:
+    return AtroposEnvRegistered(api_url, envs)
 
 
 READINESS_PROBE_INTERVAL_S = 0.2

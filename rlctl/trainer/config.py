@@ -78,6 +78,7 @@ class TrainerConfig:
     # A warm start (docs/TRAINER.md#checkpoints-and-resume): another run's checkpoint (a local directory or tinker://
     # state path) whose weights, not optimiser state, start this run when it has no checkpoint of its own.
     init_from: str | None = None
+    mixed_environments: int = 0  # a mixed run's environments (docs/RUNS.md#mixed-environments); 0: one
 
     @property
     def effective_lora_alpha(self) -> int:
@@ -160,6 +161,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         training_error_budget=_typed(tinker, "training_error_budget", int, TRAINING_ERROR_BUDGET),
         health=_health_rules(tinker),
         normalize_advantages=_typed(tinker, "normalize_advantages", bool, False),
+        mixed_environments=len(document.get("mixture") or []),
         advantage_normalization=_typed(tinker, "advantage_normalization", str, None),
         kl_coef=_typed(tinker, "kl_coef", float, DEFAULT_KL_COEF),
         lora_alpha=_typed(tinker, "lora_alpha", int, None),

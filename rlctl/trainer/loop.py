@@ -124,6 +124,19 @@ def train_on_batch(
     return StepReport(metrics=metrics, timings=timings)
 
 
+def environment_groups(groups: Sequence[dict[str, Any]], environments: int) -> dict[str, float]:
+    """A mixed run's groups of this batch per environment, by the id the trajectory API gave each as it
+    registered (docs/RUNS.md#mixed-environments); nothing for a run of one environment."""
+    if environments < 2:
+        return {}
+    counts = dict.fromkeys(range(environments), 0)
+    for group in groups:
+        env_id = group.get("env_id")
+        if isinstance(env_id, int) and env_id in counts:
+            counts[env_id] += 1
+    return {f"batch/groups_env{env_id}": float(count) for env_id, count in counts.items()}
+
+
 def split_cpu_threads() -> None:
     """The local backend trains and samples at the same time (docs/TRAINER.md#local-sampling): on the CPU each
     gets half the cores for its operators, instead of both fighting over all of them."""
@@ -268,6 +281,7 @@ class Trainer:
             report = self._train_step(groups, step, timings)
             if report is None:
                 continue
+            report.metrics.update(environment_groups(groups, self.config.mixed_environments))
             self.metrics.step(step, report.metrics)
             self.wandb.log(step, report.metrics)
             self.state.step = step

@@ -23,8 +23,8 @@ TOKEN = "fuzz-token"
 # An upload is valid by its content (JSON lines of a trajectory format), and so is an environment's source (an
 # importable BaseEnv subclass), which no schema can state: random content must be refused cleanly (documented
 # 4xx, never 5xx), so only the "valid data is accepted" check is left out.
-# A run names exactly one of `environment` and `dataset`: a rule across two optional fields that its schema does
-# not state, so a schema-valid body may be refused (422 VALIDATION_ERROR) there too.
+# A run names exactly one of `environment`, `environments` and `dataset`: a rule across optional fields that its
+# schema does not state, so a schema-valid body may be refused (422 VALIDATION_ERROR) there too.
 # A collection's `network` destinations are checked against the server's address rule (docs/SECURITY.md#network)
 # and need the `terminal` tool, neither of which its schema can state.
 # Scoring and evaluations name each reward once (items that differ in their weight alone are still one reward:

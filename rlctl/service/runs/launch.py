@@ -40,10 +40,12 @@ def process_specs(
     environment_file: Path,
     backend: str,
     wandb_mode: WandbMode = WandbMode.DISABLED,
+    members: list[tuple[Path, Path, str]] | None = None,
 ) -> list[ProcessSpec]:
     """The three processes, all spawned at once (docs/RUNS.md#process-order): the trainer waits for the API
     itself, and the environment's registration waits for it (the environment hook); the environment registers
-    only once the trainer has (Atropos answers it "wait for trainer to start" until then)."""
+    only once the trainer has (Atropos answers it "wait for trainer to start" until then). A mixed run's `env`
+    process runs one environment process per member (rlctl/supervisor/mixture.py), ready once all registered."""
     api_url = f"http://127.0.0.1:{ports.api}"
     config = str(paths.config)
     # The run's inference server answers only its environment (and its trainer): a key made now, in these two
@@ -72,16 +74,25 @@ def process_specs(
         ),
         ProcessSpec(
             role=ENV,
-            argv=[sys.executable, str(environment_file), "serve", "--config", config],
+            argv=_environment_argv(environment_file, config, members),
             env={**environment_environment(settings, paths, wandb_mode), **inference_key},
             cwd=paths.run_dir,
             log_path=paths.log(ENV),
-            ready=atropos_env_registered(api_url),
+            ready=atropos_env_registered(api_url, len(members) if members else 1),
             ready_timeout_s=settings.env_ready_timeout_s,
             after=(),
             probe_after=(TRAINER,),  # it registers only after the trainer has
         ),
     ]
+
+
+def _environment_argv(environment_file: Path, config: str, members: list[tuple[Path, Path, str]] | None) -> list[str]:
+    if not members:
+        return [sys.executable, str(environment_file), "serve", "--config", config]
+    argv = [sys.executable, "-m", "rlctl.supervisor.mixture"]
+    for file, member_config, prefix in members:
+        argv += ["--member", str(file), str(member_config), prefix]
+    return argv
 
 
 def trainer_environment(settings: Settings, backend: str, wandb_mode: WandbMode) -> dict[str, str]:

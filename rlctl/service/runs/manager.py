@@ -20,7 +20,7 @@ from rlctl.service.db.models import Run, RunProcess
 from rlctl.service.db.types import utcnow
 from rlctl.service.environments.catalog import EnvironmentCatalog
 from rlctl.service.errors import Conflict
-from rlctl.service.runs import admission, lifecycle, metrics
+from rlctl.service.runs import admission, lifecycle, metrics, mixture
 from rlctl.service.runs.launch import Ports, process_specs
 from rlctl.service.runs.paths import RunPaths
 from rlctl.service.runs.tiny_model import TinyModelBuilder
@@ -124,12 +124,14 @@ class RunManager(Component):
             if run is None or run.status != lifecycle.STARTING:
                 return True
             environment, backend, ports = run.environment, run.backend, Ports(**run.ports)
+            config = run.config
             wandb_mode = run_wandb_mode(self.ctx.settings, run.wandb)
             resources = admission.run_resources(run)
         paths = RunPaths(self.ctx.settings.data_path, run_id)
         try:
             environment_file = self._environment_file_for(environment)
-            specs = process_specs(self.ctx.settings, paths, ports, environment_file, backend, wandb_mode)
+            members = mixture.launch_members(config, paths.run_dir, self._environment_file_for)
+            specs = process_specs(self.ctx.settings, paths, ports, environment_file, backend, wandb_mode, members)
         except Exception as exc:  # noqa: BLE001 - a run that cannot be planned fails with the reason
             self._fail_before_start(run_id, f"{type(exc).__name__}: {exc}")
             return False

@@ -164,6 +164,10 @@ class _Tokens:
 def _process(tokens: _Tokens, spec: ProcessSpec, argv: list[str]) -> NodeProcess:
     ready = spec.ready
     kind, url = getattr(ready, "kind", None), getattr(ready, "url", None)
+    probe = {"kind": str(kind), "url": str(url)} if kind and url else {}
+    envs = getattr(ready, "envs", 1)
+    if probe and envs != 1:  # a mixed run's environments (docs/RUNS.md#mixed-environments)
+        probe["envs"] = str(envs)
     # Only what this process adds to an environment: the node's own PATH, HOME, ... stay the node's.
     env = {k: tokens.text(v) for k, v in spec.env.items() if os.environ.get(k) != v}
     return NodeProcess(
@@ -172,7 +176,7 @@ def _process(tokens: _Tokens, spec: ProcessSpec, argv: list[str]) -> NodeProcess
         env=env,
         cwd=tokens.text(str(spec.cwd)),
         log_path=tokens.text(str(spec.log_path)),
-        ready={"kind": str(kind), "url": str(url)} if kind and url else {},
+        ready=probe,
         ready_timeout_s=spec.ready_timeout_s,
         after=list(spec.after) if spec.after is not None else None,
         probe_after=list(spec.probe_after),

@@ -97,11 +97,32 @@ class ResumeRunRequest(BaseModel):
     )
 
 
+MAX_MIXED_ENVIRONMENTS = 8  # one process each, all sharing the run's inference server
+
+
+class EnvironmentShare(BaseModel):
+    """One environment of a mixed run (docs/RUNS.md#mixed-environments)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="Environment name, as listed by GET /environments.")
+    weight: float = Field(1.0, gt=0, le=1000, description="Its share of the rollouts, relative to the others' weights.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Edits of this environment's fields, over the run's `config`."
+    )
+
+
 class CreateRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     environment: str | None = Field(
         None, pattern=NAME_PATTERN, description="Environment name, as listed by GET /environments."
+    )
+    environments: list[EnvironmentShare] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_MIXED_ENVIRONMENTS,
+        description="Several environments mixed in one run by weight, instead of `environment`.",
     )
     dataset: DatasetSource | None = Field(
         None, description="A trajectory dataset to train on, instead of an environment."
@@ -125,8 +146,8 @@ class CreateRunRequest(BaseModel):
 
     @model_validator(mode="after")
     def one_source(self) -> Self:
-        if (self.environment is None) == (self.dataset is None):
-            raise ValueError("give either environment or dataset (exactly one)")
+        if sum(source is not None for source in (self.environment, self.environments, self.dataset)) != 1:
+            raise ValueError("give either environment, environments or dataset (exactly one)")
         return self
 
 
@@ -205,6 +226,9 @@ class RunOut(RunSummary):
     wandb: WandbState | None = Field(None, description="How the run reaches W&B.")
     failure: Failure | None
     weights: str | None
+    environments: list[dict[str, Any]] | None = Field(
+        None, description="A mixed run's environments: name, weight and metric prefix of each."
+    )
     warnings: list[RunWarning] = Field(default_factory=list, description="What the trainer reported about its backend.")
     collapse: Collapse | None = Field(None, description="Set when the run collapsed, with the step where it began.")
     dataset: dict[str, Any] | None = Field(
@@ -327,7 +351,7 @@ class NodeProcess(BaseModel):
     env: dict[str, str]  # only what differs from the node's own environment
     cwd: str
     log_path: str
-    ready: dict[str, str]  # {"kind": "http" | "atropos", "url": ...}
+    ready: dict[str, str]  # {"kind": "http" | "atropos", "url": ..., "envs": "N" (a mixed run's environments)}
     ready_timeout_s: float
     after: list[ProcessRole] | None = None  # roles ready before it is spawned; None: the one before it
     probe_after: list[ProcessRole] = []  # roles ready before its readiness is probed

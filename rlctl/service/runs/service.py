@@ -57,7 +57,7 @@ from rlctl.service.pagination import (
     newest_first_statement,
     page_parameters,
 )
-from rlctl.service.runs import admission, archive, continuation, lifecycle, metrics, ratelimit
+from rlctl.service.runs import admission, archive, continuation, lifecycle, metrics, mixture, ratelimit
 from rlctl.service.runs import datasets as dataset_runs
 from rlctl.service.runs.launch import Ports
 from rlctl.service.runs.manager import RunManager, process_record
@@ -127,7 +127,12 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         return existing, False
     chosen = environments.resolve_backend(ctx, request.backend or request.config.get("backend"))
     require_backend(ctx, chosen)
-    plan = environments.plan_run_config(ctx, _environment_name(request), request.config, chosen)
+    members = mixture.plan_members(ctx, request.environments, request.config, chosen) if request.environments else []
+    plan = (
+        members[0].plan
+        if members
+        else environments.plan_run_config(ctx, _environment_name(request), request.config, chosen)
+    )
     resources = requested_resources(manager.executor, request, chosen)
     start = continuation.warm_start(ctx, request.init_from, plan.backend) if request.init_from else None
     paths = RunPaths(ctx.settings.data_path, new_run_id())
@@ -140,6 +145,10 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         except Exception:
             shutil.rmtree(paths.run_dir, ignore_errors=True)  # a dataset split written for a run never recorded
             raise
+    if members:
+        placement = run_config.RunPlacement(ports.api, ports.inference, str(paths.run_dir))
+        enabled = wandb_plan.mode != WandbMode.DISABLED
+        config[mixture.MIXTURE_KEY] = mixture.mixture_section(ctx, members, config, placement, enabled)
     run = _new_run(manager, request, plan, paths, ports, config, wandb_plan)
     run.request_hash, run.resources = request_hash, resources.to_dict()
     try:
@@ -153,6 +162,7 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
         return existing, False  # a concurrent request with the same key won
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(run_config.render_yaml(config))
+    mixture.write_member_configs(config, paths.run_dir)
     manager.admit()  # the new `pending` run starts now or waits in the queue
     return get_run(ctx, run.id), True
 
@@ -266,6 +276,8 @@ def new_run_id() -> str:
 def _request_hash(request: CreateRunRequest) -> str:
     backend = request.backend.value if request.backend else None
     fields: dict[str, Any] = {"environment": request.environment, "config": request.config, "backend": backend}
+    if request.environments is not None:  # likewise
+        fields["environments"] = [share.model_dump(mode="json") for share in request.environments]
     if request.dataset is not None:  # only then: the hashes of environment runs stay what they were
         fields["dataset"] = request.dataset.model_dump(mode="json")
     if request.resources is not None:  # likewise
@@ -475,6 +487,7 @@ def _run_out(
         wandb_url=run.wandb_url,
         failure=run.failure,
         weights=run.weights,
+        environments=mixture.summary(run.config),
         wandb=run.wandb,
         warnings=run_warnings(run, state),
         collapse=state.get("collapse"),

@@ -2,7 +2,8 @@
 
 It copies what an Atropos environment logs (`train/percent_correct`, `eval/percent_correct`, ...) to the
 append-only file in RLCTL_ENV_METRICS_PATH, so the control plane sees environment metrics with or without
-W&B. Any environment works unchanged: the hook wraps `BaseEnv.wandb_log`, which every environment reaches.
+W&B. Any environment works unchanged: the hook wraps `BaseEnv.wandb_log`, which every environment reaches. With
+RLCTL_ENV_METRICS_PREFIX set (an environment of a mixed run), each metric is also copied under that prefix.
 
 The environment is started beside the run's Atropos API and trainer, not after them (docs/RUNS.md#process-order):
 with RLCTL_ENV_API_WAIT_S set, `BaseEnv.register_env` first waits up to that many seconds for the trainer to have
@@ -147,6 +148,11 @@ def _append(path: str, step: int, metrics: dict[str, Any]) -> None:
     }
     if not numbers:
         return
+    # A mixed run's environment (rlctl/supervisor/mixture.py): its metrics also under a name of its own, as the
+    # unprefixed names of several environments overwrite each other.
+    prefix = os.environ.get("RLCTL_ENV_METRICS_PREFIX")
+    if prefix:
+        numbers.update({f"{prefix}{name}": value for name, value in list(numbers.items())})
     line = json.dumps({"step": int(step), "time": time.time(), "metrics": numbers}) + "\n"
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line)
