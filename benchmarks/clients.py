@@ -14,13 +14,16 @@ and the README's curl lines. Each runs the plan against one live service (local 
 
 Prints, per client: completed, tool calls, errors seen, seconds, and seconds against the baseline measured in the
 same run (REST naming its tool session, the one path that kept its state before issue 39). With a Python that has
-openai-agents (a scratch venv over .venv: it is not a dependency of rlctl), its MCP client is measured too.
+openai-agents (a scratch venv over .venv: it is not a dependency of rlctl), its MCP client is measured too; with
+RLCTL_BENCH_MCP1_PYTHON naming a Python that has mcp==1.26.0 (hermes-agent's pin, which cannot share a venv with
+rlctl's mcp 2.3), the previous major version of the mcp SDK too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,9 +39,6 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.support.live import live_service  # noqa: E402
-from tests.support.tiny_model import keep_session_models_in  # noqa: E402
 
 TOKEN = "bench-clients-token"
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -348,11 +348,61 @@ def curl_readme(base_url: str, workdir: Path) -> Outcome:
     return outcome
 
 
+# --- mcp 1.x (hermes-agent's MCP client), from a Python that has it ---
+
+
+def mcp1_in_this_python(base_url: str) -> Outcome:
+    """The plan through the mcp 1.x SDK (hermes-agent pins mcp==1.26.0, which cannot live beside rlctl's mcp 2.3):
+    run by `clients.py --mcp1 URL DATASET` under a Python that has it; prints the outcome as JSON."""
+    from mcp import ClientSession  # the 1.x API
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def main(outcome: Outcome) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with (
+            streamablehttp_client(f"{base_url}/mcp", headers=headers) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            hello = await session.initialize()
+            outcome.client += f", protocol {hello.protocolVersion}"
+            loop = asyncio.get_running_loop()
+
+            def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+                result = asyncio.run_coroutine_threadsafe(session.call_tool(name, arguments), loop).result()
+                return {**(result.structuredContent or {}), "isError": result.isError}
+
+            await asyncio.to_thread(run_plan, outcome, base_url, call)
+
+    import importlib.metadata
+
+    outcome = Outcome(f"mcp {importlib.metadata.version('mcp')} SDK (hermes-agent's)")
+    asyncio.run(main(outcome))
+    return outcome
+
+
+def mcp1(base_url: str, python: str | None) -> Outcome | None:
+    if not python:
+        return None
+    done = subprocess.run(
+        [python, __file__, "--mcp1", base_url, DATASET["id"]], capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        return Outcome(f"mcp 1.x ({python})", errors=[done.stderr[-300:]])
+    return Outcome(**json.loads(done.stdout.splitlines()[-1]))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--mcp1"]:
+        DATASET["id"] = sys.argv[3]
+        print(json.dumps(mcp1_in_this_python(sys.argv[2]).__dict__))
+        return
+    from tests.conftest import build_settings
+    from tests.support.live import live_service
+    from tests.support.tiny_model import keep_session_models_in
+
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         keep_session_models_in(root / "models")
-        from tests.conftest import build_settings
 
         settings = build_settings(
             root / "var",
@@ -375,6 +425,8 @@ def main() -> None:
             ]
             agents = openai_agents(live.base_url)
             outcomes += [agents] if agents is not None else []
+            old_sdk = mcp1(live.base_url, os.environ.get("RLCTL_BENCH_MCP1_PYTHON"))
+            outcomes += [old_sdk] if old_sdk is not None else []
     print(f"{'client':62} {'completed':>9} {'calls':>5} {'errors':>6} {'seconds':>8} {'vs baseline':>11}")
     for outcome in [baseline, *outcomes]:
         figures = f"{outcome.completed!s:>9} {outcome.calls:>5} {len(outcome.errors):>6} {outcome.seconds:>8.1f}"
@@ -384,6 +436,8 @@ def main() -> None:
     print(f"all completed: {all(o.completed for o in outcomes)}; errors: {sum(len(o.errors) for o in outcomes)}")
     if agents is None:
         print("openai-agents: not installed here (run with a Python that has openai-agents==0.24.0 to include it)")
+    if old_sdk is None:
+        print("mcp 1.x: set RLCTL_BENCH_MCP1_PYTHON to a Python with mcp==1.26.0 (hermes-agent's) to include it")
 
 
 if __name__ == "__main__":
