@@ -138,7 +138,13 @@ def create_app(
     app.router.routes.append(mcp_route)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     # Outside the body limit: a caller without a valid token is answered before any byte of its body is read.
-    app.add_middleware(AuthenticationGate, context=context, routes=app.router.routes, self_checked=[mcp_route])
+    app.add_middleware(
+        AuthenticationGate,
+        context=context,
+        routes=app.router.routes,
+        self_checked=[mcp_route],
+        streamed=lambda scope: dataset_routes.body_limit(scope, context.settings) is not None,  # uploads, to disk
+    )
     install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
     app.add_middleware(RequestIdMiddleware)
     return app

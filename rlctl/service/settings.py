@@ -89,7 +89,8 @@ class Settings(BaseSettings):
         64 << 20,
         gt=0,
         description="Request-body bytes one caller (a token, or an address on the open routes) may have in flight "
-        "at once, over all its requests (docs/SECURITY.md#bounded-input).",
+        "at once over all its requests held in memory; uploads stream to disk outside it "
+        "(docs/SECURITY.md#authentication-before-the-body).",
     )
     job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")
     mcp_sessions_per_token: int = Field(

@@ -130,8 +130,8 @@ def test_a_body_over_the_callers_budget_without_a_length_is_cut_off(gated: Gated
     """Chunked: no declared length to refuse up front; counted as it arrives, refused past the budget."""
     connection = socket.create_connection(("127.0.0.1", gated.port), timeout=scaled(60))
     with closing(connection):
-        head = f"POST /datasets?name=big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gated.tokens['op1']}\r\n"
-        connection.sendall((head + "Transfer-Encoding: chunked\r\n\r\n").encode())
+        head = f"POST /collections HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gated.tokens['op1']}\r\n"
+        connection.sendall((head + "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
         chunk = b"a" * MEGABYTE
         try:
             for _ in range(5):
@@ -141,6 +141,17 @@ def test_a_body_over_the_callers_budget_without_a_length_is_cut_off(gated: Gated
         status, body = read_answer(connection)
     assert (status, body["error"]["code"]) == (413, "PAYLOAD_TOO_LARGE"), body
     wait_until(lambda: gated.gate().in_flight == {}, timeout=scaled(30), message="the body released")
+
+
+def test_an_upload_streamed_to_disk_is_not_charged_to_the_budget(gated: Gated) -> None:
+    """Uploads go to disk as they arrive, with their own limit: one over the in-memory budget is accepted."""
+    line = json.dumps({"messages": [{"role": "user", "content": "x" * 1000}, {"role": "assistant", "content": "4"}]})
+    upload = (line + "\n").encode() * (4 * MEGABYTE // len(line))
+    assert len(upload) > 3 * MEGABYTE
+    with gated.live.client(token=gated.tokens["op1"]) as client:
+        stored = client.post("/datasets", params={"name": "big"}, content=upload)
+    assert stored.status_code == 201, stored.text[:300]
+    assert gated.gate().in_flight == {}
 
 
 def test_open_routes_and_valid_calls_pass(gated: Gated) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from fastapi import Depends, Request
@@ -133,6 +133,8 @@ class AuthenticationGate:
     Protected routes are those behind the `authenticate` dependency (it still runs there, and names the caller for
     the request); `self_checked` ones (`/mcp`) check scopes per tool themselves, the gate only
     identifies the caller. Every other route (health, docs, the UI page, Ray nodes' calls) is the caller's address.
+    The budget counts bodies held whole in memory (JSON); `streamed` names the requests whose body goes to disk as it
+    arrives (uploads, with their own limit), which it does not count.
     """
 
     def __init__(
@@ -141,8 +143,10 @@ class AuthenticationGate:
         context: Any,
         routes: Sequence[BaseRoute],
         self_checked: Collection[BaseRoute] = (),
+        streamed: Callable[[ASGIScope], bool] = lambda _scope: False,
     ) -> None:
         self.app = app
+        self.streamed = streamed
         self.context = context
         self.routes = routes  # the app's, in its order: the route the router will pick is the one checked
         self.self_checked = {id(route) for route in self_checked}
@@ -154,9 +158,14 @@ class AuthenticationGate:
             return
         try:
             caller = self._caller(scope)
-            self._admit(caller, scope)
+            streamed = self.streamed(scope)
+            if not streamed:
+                self._admit(caller, scope)
         except ServiceError as error:
             await error_response(error)(scope, _no_body, send)  # the body is never read
+            return
+        if streamed:
+            await self.app(scope, receive, send)
             return
         counted = 0
         budget = self.context.settings.max_caller_body_bytes
