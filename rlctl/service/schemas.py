@@ -78,3 +78,10 @@ _DESCRIPTIONS = {
     429: "Rate limited",
     503: "Not ready",
 }
+
+
+class CheckpointRef(BaseModel):
+    """A run's checkpoint, as lineage: which run and step a record's model was."""
+
+    run_id: str
+    step: int

@@ -76,8 +76,8 @@ SERVICE_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"environments", "jobs", "health", "monitoring", "ui"}),
     frozenset({"rewards"}),
     frozenset({"datasets"}),
-    frozenset({"runs", "collections", "inference_tests"}),
-    frozenset({"evaluations"}),
+    frozenset({"runs", "inference_tests"}),
+    frozenset({"evaluations", "collections"}),  # both use runs' checkpoints
     frozenset({"tools"}),
     frozenset({"startup"}),  # the composition root's first half: the context's components, the start-up work
     frozenset({"app", "client"}),  # the composition root; the HTTP client of the command line

@@ -44,8 +44,9 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "rl_collect_trajectories": {
         "name": "contracts",
         "prompts": [{"prompt": "Say hi.", "answer": None}],
-        "base_url": "http://127.0.0.1:9/v1",  # nothing listens there: the collection fails fast, offline
-        "model": "any-model",
+        # A run's checkpoint, with which base_url is left out (null): no such run, so the call is refused at once.
+        # (With a model id, base_url is needed: its null is no default; tests/datasets_api covers that form.)
+        "model": {"run": "nosuchrun", "step": None},
     },
     "rl_get_job": {"job_id": "nosuchjob"},
     "rl_read_environment": {"name": "echo"},

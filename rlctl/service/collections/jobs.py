@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,11 @@ from rlctl.service.datasets.store import write_json_atomically
 from rlctl.service.datasets.tokenizers import load_counter, resolve_tokenizer
 from rlctl.service.db.models import Collection, CollectionItem, Job
 from rlctl.service.db.types import utcnow
-from rlctl.service.errors import NotFound
+from rlctl.service.errors import NotFound, ServiceError
 from rlctl.service.jobs.runner import JobCancelled, JobFailed, JobHandle, JobKind
 from rlctl.service.observability import scrub_json
+from rlctl.service.runs.checkpoints import serve_checkpoint
+from rlctl.supervisor.run import read_tail
 from rlctl.trajectories.convert import ConversionError
 from rlctl.trajectories.formats.chat import import_openai
 from rlctl.trajectories.records import TrajectoryRecord, record_from_dict, record_to_dict
@@ -69,9 +72,9 @@ def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
             raise JobFailed(f"collection {collection_id} no longer exists")
         params, name = dict(collection.params), collection.name
         collection.status, collection.job_id = CollectionStatus.RUNNING, handle.job_id
-    run = CollectionRun(ctx, handle, collection_id, params)
     try:
-        result = run.execute(name)
+        with _endpoint(ctx, handle, collection_id, params) as base_url:
+            result = CollectionRun(ctx, handle, collection_id, {**params, "base_url": base_url}).execute(name)
     except JobCancelled:
         if _cancel_requested(ctx, handle.job_id):
             mark(ctx, collection_id, status=CollectionStatus.CANCELLED)
@@ -85,6 +88,26 @@ def run_collection(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     mark(ctx, collection_id, status=CollectionStatus.COMPLETED, dataset_id=result["dataset_id"], error=None)
     remove_tree(collection_dir(ctx, collection_id) / "items")
     return result
+
+
+@contextmanager
+def _endpoint(ctx: AppContext, handle: JobHandle, collection_id: str, params: dict[str, Any]) -> Iterator[str]:
+    """The chat endpoint of the collection: its `base_url`, or its checkpoint served for the job's length (a
+    resumed job serves it again)."""
+    checkpoint = params.get("checkpoint")
+    if checkpoint is None:
+        yield params["base_url"]
+        return
+    log_path = collection_dir(ctx, collection_id) / "model-server.log"
+    with ExitStack() as stack:  # stops the server however the collection ends
+        try:
+            base_url = stack.enter_context(
+                serve_checkpoint(ctx, checkpoint["run_id"], checkpoint["step"], log_path, handle.check_cancelled)
+            )
+        except (RuntimeError, ServiceError) as error:  # not served: the job fails saying why, with the server's log
+            tail = "\n".join(read_tail(log_path, 10))
+            raise JobFailed(f"the checkpoint could not be served: {error}\n{tail}".strip()) from error
+        yield base_url
 
 
 def _nothing_collected(counts: Mapping[str, int], first_reason: Mapping[str, str | None]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -13,6 +13,7 @@ from rlctl.sandbox.errors import DestinationError
 from rlctl.sandbox.netgate import MAX_DESTINATIONS, parse_destination
 from rlctl.service.jobs.schemas import JobOut
 from rlctl.service.names import NAME_PATTERN
+from rlctl.service.schemas import CheckpointRef
 
 
 class CollectionStatus(StrEnum):
@@ -49,18 +50,31 @@ class PromptItem(BaseModel):
     answer: str | int | float | None = Field(None, description="Expected answer, for scoring (`correctness`).")
 
 
+class CheckpointModel(BaseModel):
+    """A run's checkpoint as the collection's model, served by the service (docs/DATASETS.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(pattern=NAME_PATTERN, description="The run (a local one) whose checkpoint answers.")
+    step: int | None = Field(None, ge=0, description="The checkpoint's step; default: the run's newest.")
+
+
 class CreateCollectionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN, description="Name of the dataset the collection produces.")
     prompts: list[PromptItem] = Field(min_length=1, max_length=10_000, description="Duplicates are distinct items.")
-    base_url: str = Field(
+    base_url: str | None = Field(
+        None,
         max_length=2048,
         pattern=BASE_URL_PATTERN,
         description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1. The key comes from the server's "
-        "settings (RLCTL_COLLECTION_API_KEY, or OPENROUTER_API_KEY for OpenRouter), never from the request.",
+        "settings (RLCTL_COLLECTION_API_KEY, or OPENROUTER_API_KEY for OpenRouter), never from the request. "
+        "Needed with a model id; not given with a checkpoint, which the service serves itself.",
     )
-    model: str = Field(min_length=1, max_length=256, pattern=NO_CONTROL)
+    model: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL)] | CheckpointModel = Field(
+        description="A model id the endpoint serves, or a run's checkpoint `{run, step}`.",
+    )
     runs_per_prompt: int = Field(2, ge=2, le=64, description="Trajectories per prompt (GRPO needs a group).")
     concurrency: int = Field(4, ge=1, le=64, description="Trajectories run at once.")
     max_turns: int = Field(10, ge=1, le=100, description="Model calls per trajectory at most.")
@@ -107,6 +121,16 @@ class CreateCollectionRequest(BaseModel):
         return normal
 
     @model_validator(mode="after")
+    def _endpoint_for_a_model_id(self) -> CreateCollectionRequest:
+        if isinstance(self.model, str) and self.base_url is None:
+            raise PydanticCustomError("base_url_missing", "`base_url` is needed with a model id")
+        if isinstance(self.model, CheckpointModel) and self.base_url is not None:
+            raise PydanticCustomError(
+                "base_url_with_checkpoint", "a checkpoint is served by the service: leave `base_url` out"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _network_needs_terminal(self) -> CreateCollectionRequest:
         if self.network and "terminal" not in self.tools:
             raise PydanticCustomError(
@@ -127,8 +151,9 @@ class CollectionOut(BaseModel):
     id: str
     name: str
     status: CollectionStatus
-    model: str
-    base_url: str
+    model: str = Field(description="The model id asked for; a checkpoint's is `{run_id}/step-{N}`.")
+    base_url: str | None = Field(description="The endpoint; null for a checkpoint (served by the service).")
+    checkpoint: CheckpointRef | None = Field(None, description="The run checkpoint that is the agent (lineage).")
     prompt_count: int
     runs_per_prompt: int
     params: dict[str, Any] = Field(description="The request without its prompts (and never a key).")

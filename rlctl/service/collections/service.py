@@ -16,6 +16,7 @@ from rlctl.sandbox.bubblewrap import Sandbox, require_sandbox
 from rlctl.sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
 from rlctl.service.collections.schemas import (
     ENDED,
+    CheckpointModel,
     CollectionItemOut,
     CollectionItemsPage,
     CollectionList,
@@ -37,6 +38,9 @@ from rlctl.service.jobs.runner import TERMINAL, UNFINISHED, JobRunner
 from rlctl.service.jobs.service import job_record
 from rlctl.service.observability import scrub_json
 from rlctl.service.pagination import DEFAULT_PAGE, newest_first_page
+from rlctl.service.runs.checkpoints import run_checkpoints, served_model_id
+from rlctl.service.schemas import CheckpointRef
+from rlctl.service.settings import Backend
 from rlctl.service.states import JobStatus
 
 JOB_KIND = "collection_run"
@@ -86,6 +90,7 @@ def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> Coll
             )
     if "terminal" in request.tools:  # never run unsandboxed: refused before anything is stored
         require_terminal_sandbox(ctx.settings.sandbox_bwrap, ctx.settings.sandbox_uid, network=bool(request.network))
+    checkpoint = _checkpoint(ctx, request.model) if isinstance(request.model, CheckpointModel) else None
     collection_id = "col" + uuid.uuid4().hex[:13]
     directory = collection_dir(ctx, collection_id)
     directory.mkdir(parents=True)
@@ -99,6 +104,9 @@ def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> Coll
     stored = scrub_json(request.model_dump(exclude={"prompts"}), ctx.scrub)
     stored["output_id"] = new_dataset_id()
     stored["tools"] = sorted(set(request.tools))
+    if checkpoint is not None:  # the model id its server answers to, and the lineage
+        stored["model"] = served_model_id(checkpoint.run_id, checkpoint.step)
+        stored["checkpoint"] = checkpoint.model_dump()
     write_json_atomically(directory / "params.json", stored)
     with ctx.db.session() as session:
         session.add(
@@ -113,6 +121,18 @@ def create_collection(ctx: AppContext, request: CreateCollectionRequest) -> Coll
         )
     _start_job(ctx, collection_id)
     return get_collection(ctx, collection_id)
+
+
+def _checkpoint(ctx: AppContext, model: CheckpointModel) -> CheckpointRef:
+    """The run's checkpoint, checked now (a local run, the step there): an error before anything is stored."""
+    found = run_checkpoints(ctx, model.run)
+    if found.backend != Backend.LOCAL:
+        raise ValidationFailed(
+            f"run {model.run} is a {found.backend} run: a collection serves local checkpoints only",
+            {"field": "model.run", "backend": found.backend},
+        )
+    step = found.steps([model.step] if model.step is not None else None, "model.step")[0]
+    return CheckpointRef(run_id=model.run, step=step)
 
 
 def get_collection(ctx: AppContext, collection_id: str) -> CollectionOut:
@@ -247,7 +267,8 @@ def _collection_record(session: Session, collection: Collection) -> CollectionOu
         name=collection.name,
         status=effective_status(session, collection),
         model=params.get("model", ""),
-        base_url=params.get("base_url", ""),
+        base_url=params.get("base_url"),
+        checkpoint=CheckpointRef.model_validate(params["checkpoint"]) if params.get("checkpoint") else None,
         prompt_count=collection.prompt_count,
         runs_per_prompt=collection.runs_per_prompt,
         params=params,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlctl.service.names import NAME_PATTERN
 from rlctl.service.rewards.schemas import JudgeChoice, RewardSpec
+from rlctl.service.schemas import CheckpointRef
 
 UploadFormat = Literal[
     "auto",
@@ -75,6 +76,16 @@ class DatasetOut(BaseModel):
     runs: list[TrainedRun] | None = Field(
         None, description="Runs that trained on this dataset, newest first (lineage); given by GET /datasets/{id}."
     )
+    checkpoint: CheckpointRef | None = Field(
+        None, description="The run checkpoint whose model collected this dataset (lineage); null otherwise."
+    )
+
+    @model_validator(mode="after")
+    def _collected_by(self) -> DatasetOut:
+        """A collection's dataset keeps the checkpoint of its agent in its parameters (the collection's)."""
+        if self.checkpoint is None and isinstance(found := self.parameters.get("checkpoint"), dict):
+            self.checkpoint = CheckpointRef.model_validate(found)
+        return self
 
 
 class DerivedDatasetResult(BaseModel):

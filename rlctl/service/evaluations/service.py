@@ -6,9 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlctl.service.context import AppContext
-from rlctl.service.db.models import Run
-from rlctl.service.db.rows import load_row
-from rlctl.service.errors import InvalidState, NotFound, RunNotFound, ValidationFailed
+from rlctl.service.errors import NotFound, ValidationFailed
 from rlctl.service.evaluations.schemas import (
     EvaluationJudge,
     EvaluationModelResult,
@@ -23,9 +21,9 @@ from rlctl.service.rewards.judge import judge_endpoint
 from rlctl.service.rewards.schemas import JudgeChoice, RewardSpec
 from rlctl.service.rewards.service import check_rewards
 from rlctl.service.runs import datasets as dataset_runs
+from rlctl.service.runs.checkpoints import run_checkpoints
 from rlctl.service.runs.paths import RunPaths
 from rlctl.service.runs.service import require_backend
-from rlctl.service.settings import Backend
 from rlctl.trajectories.judge import GROUP_REWARDS
 
 KIND = "evaluation"
@@ -69,21 +67,12 @@ def get_evaluation(ctx: AppContext, evaluation_id: str) -> EvaluationOut:
 
 
 def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
-    with ctx.db.session() as session:
-        run = load_row(session, Run, request.run_id, RunNotFound)
-        backend, config, status = Backend(run.backend), run.config, run.status
+    found = run_checkpoints(ctx, request.run_id)
+    backend, config = found.backend, found.config
     require_backend(ctx, backend)  # a tinker run's weights are sampled through Tinker, with the server's key
     paths = RunPaths(ctx.settings.data_path, request.run_id)
-    checkpoints = {c["step"]: c["weights"] for c in (paths.read_trainer_state() or {}).get("checkpoints") or []}
-    if not checkpoints:
-        raise InvalidState(f"run {request.run_id} has no checkpoint yet", {"run_id": request.run_id, "status": status})
-    steps = request.steps or [max(checkpoints)]
-    missing = [step for step in steps if step not in checkpoints]
-    if missing:
-        raise ValidationFailed(
-            f"run {request.run_id} has no checkpoint at step(s) {missing}",
-            {"field": "steps", "available": sorted(checkpoints)},
-        )
+    steps = found.steps(request.steps)
+    checkpoints = found.weights
     prompts, _total = dataset_runs.read_prompts(paths.run_dir, request.split, 0, request.max_prompts)
     if not prompts:
         raise ValidationFailed(

@@ -183,7 +183,8 @@ DATASET_TOOLS: tuple[Tool[Any], ...] = (
     Tool(
         "rl_collect_trajectories",
         "Run an agent (an OpenAI-compatible chat model with sandboxed terminal/read_file/write_file tools) over "
-        "prompts, runs_per_prompt times each (at least 2, for GRPO groups), into a new dataset. Resumable.",
+        "prompts, runs_per_prompt times each (at least 2, for GRPO groups), into a new dataset. Resumable. "
+        "model may be a run's checkpoint {run, step} (no base_url): the service serves it.",
         CreateCollectionRequest,
         CollectionStartedResult,
         collect_trajectories,
