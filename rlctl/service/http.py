@@ -83,6 +83,10 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(exc.__cause__)
         if isinstance(exc.__cause__, ClientDisconnect):
             return error_response(ClientGone("the client disconnected before its request body ended"))
+        if isinstance(exc.__cause__, UnicodeDecodeError | RecursionError):
+            # A JSON body that is not UTF-8, or nested past the parser's depth: invalid JSON, answered as
+            # FastAPI answers any other (422), not with its undocumented 400.
+            return error_response(_invalid_json_body(exc.__cause__))
         error = ServiceError(str(exc.detail))
         error.status_code, error.code = exc.status_code, _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
         response = error_response(error)
@@ -97,6 +101,14 @@ def install_error_handlers(app: FastAPI) -> None:
         error = ServiceError("internal error; the request id identifies it in the service log")
         error.status_code, error.code = 500, "INTERNAL_ERROR"
         return error_response(error)
+
+
+def _invalid_json_body(cause: Exception) -> ServiceError:
+    why = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
+    problem = {"location": ["body"], "message": f"the JSON body is {why}", "type": "json_invalid"}
+    error = ServiceError("the request is not valid", {"errors": [problem]})
+    error.status_code, error.code = 422, "VALIDATION_ERROR"
+    return error
 
 
 class RequestIdMiddleware:

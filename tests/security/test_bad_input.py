@@ -98,6 +98,17 @@ def test_query_values_the_database_cannot_hold_are_4xx(service: LiveService) -> 
                 assert answer.json()["runs"] == []
 
 
+def test_a_json_body_that_is_not_utf8_or_too_deep_is_422(service: LiveService) -> None:
+    """Both were FastAPI's undocumented 400 "error parsing the body" (found by the schemathesis run)."""
+    headers = {"Content-Type": "application/json"}
+    with service.client() as client:
+        for body in (b"\xff\xfe(\xa7^\xb3", b"[" * 100_000 + b"]" * 100_000):
+            answer = client.post("/collections", content=body, headers=headers)
+            assert answer.status_code == 422, answer.text[:300]
+            assert answer.json()["error"]["code"] == "VALIDATION_ERROR"
+            assert answer.json()["error"]["details"]["errors"][0]["type"] == "json_invalid"
+
+
 def test_nested_json_on_mcp_is_a_4xx(service: LiveService) -> None:
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     nested = '{"a":' * 5000 + "1" + "}" * 5000
