@@ -4,7 +4,9 @@ sessions belong to their token; refusals reach MCP clients as tool errors (docs/
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from rlctl.service.settings import Settings
 from rlctl.service.tools.mcp_server import _tool_result
 from tests.support import mcp_raw
 from tests.support.live import LiveService, live_service
-from tests.support.waiting import REQUEST_TIMEOUT
+from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
 
 ADMIN = "sessions-admin-token"
 
@@ -162,3 +164,40 @@ def test_rewards_weight_null_is_the_default_and_an_error_needs_a_value(tokens: T
     # a result that holds "error": null is a success for MCP clients
     assert _tool_result({"evaluation_id": "e1", "error": None}).is_error is False
     assert _tool_result({"error": "no such run", "code": "RUN_NOT_FOUND"}).is_error is True
+
+
+def test_with_every_session_busy_one_more_is_refused(tokens: Tokens) -> None:
+    """Busy sessions are never ended for a new one: each of the two holds a request whose body is still coming."""
+    release = threading.Event()
+
+    def slow_body() -> Iterator[bytes]:
+        yield b'{"jsonrpc": "2.0", "id": 1, '
+        release.wait(scaled(30))
+        yield b'"method": "tools/list", "params": {}}'
+
+    with tokens.live.client(token=tokens.operate) as mine:
+        sessions = [mcp_raw.open_session(mine), mcp_raw.open_session(mine)]
+        with ThreadPoolExecutor(2) as pool:
+            pending = [pool.submit(mine.post, "/mcp", content=slow_body(), headers=h) for h in sessions]
+            try:
+                refused = wait_until(
+                    lambda: (
+                        (r := mine.post("/mcp", json=INITIALIZE, headers=mcp_raw.MCP_HEADERS)).status_code == 429 and r
+                    ),
+                    timeout=30,
+                    message="a third session refused while both are busy",
+                )
+            finally:
+                release.set()
+            assert all(future.result().status_code == 200 for future in pending)
+        assert refused.json()["error"]["code"] == "MCP_SESSION_QUOTA"
+        opened = mine.post("/mcp", json=INITIALIZE, headers=mcp_raw.MCP_HEADERS)  # idle again: the LRU one ends
+        assert opened.status_code == 200
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
+}
