@@ -5,7 +5,9 @@ the run's training groups (`groups_path`: GRPO export lines written when the run
 group to the Atropos API as a scored group: the conversations rendered with the run's tokenizer and chat
 template, every assistant turn trained and every other token masked, and the stored rewards as scores (the
 trainer turns them into the group's GRPO advantages, as the GRPO export does).
-Nothing is sampled: the policy only learns from the stored completions.
+Nothing is sampled: the policy only learns from the stored completions. In an `sft` run (`sft_top_n` set) the
+scores are 1 for the best `sft_top_n` completions of each group and 0 for the rest, which the trainer's
+cross-entropy loss turns into supervised training on those alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ class DatasetOfflineConfig(BaseEnvConfig):
     shuffle: bool = Field(True, description="Shuffle the groups in each epoch (seeded).")
     seed: int = Field(0, description="Seed of the shuffle and of the records drawn from larger groups.")
     normalize_by_std: bool = Field(False, description="Divide each group's advantages by its reward std (trainer).")
+    sft_top_n: int | None = Field(
+        None, ge=1, description="An sft run's: score its N best-rewarded completions of each group 1, the rest 0."
+    )
+
+
+def top_n_scores(rewards: list[float], top_n: int) -> list[float]:
+    """1.0 for the `top_n` highest rewards of a group (the earlier record first among equals), 0.0 for the rest:
+    with the trainer's cross-entropy loss and no advantage normalisation, only those completions are trained."""
+    ranked = sorted(range(len(rewards)), key=lambda i: (-rewards[i], i))[:top_n]
+    return [1.0 if i in ranked else 0.0 for i in range(len(rewards))]
 
 
 def group_offsets(path: str) -> list[int]:
@@ -112,6 +124,8 @@ class DatasetOfflineEnv(BaseEnv):
         # The rewards are the scores: the trainer turns them into the group's GRPO advantages (normalised when the
         # run asks, `tinker.normalize_advantages`), as it does for every environment.
         rewards = [float(group["rewards"][i]) for i in chosen]
+        if self.config.sft_top_n is not None:  # a supervised run (docs/RUNS.md#supervised-warm-up)
+            rewards = top_n_scores(rewards, self.config.sft_top_n)
         scored = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
         for i, reward in zip(chosen, rewards, strict=True):
             trajectory = {k: v for k, v in group["trajectories"][i].items() if k != "advantage"}

@@ -61,7 +61,8 @@ LOCAL_DEFAULTS: BackendDefaults = {
 
 # The losses, by Tinker's names, and the PPO ratio bounds (Tinker's defaults). `gspo` (a sequence-level clipped
 # ratio, Qwen's GSPO) is computed by the local backend only: Tinker has no such loss (docs/TRAINER.md#training-options).
-LOSS_FUNCTIONS = ("importance_sampling", "ppo", "gspo")
+# `cross_entropy` (-advantage x logprob, no ratio) is the supervised loss of an `sft` dataset run, local only too.
+LOSS_FUNCTIONS = ("importance_sampling", "ppo", "gspo", "cross_entropy")
 TINKER_LOSS_FUNCTIONS = ("importance_sampling", "ppo")
 # tinker.sampler, the local backend's: `thread` (in the trainer process) or `process` (a child of its own, CPU
 # only), docs/TRAINER.md#local-sampling

@@ -58,13 +58,17 @@ class PolicyLoss:
     """The per-token loss of a step (docs/TRAINER.md#grpo-step), by Tinker's names: `importance_sampling` weighs
     the advantage by the ratio of current to sampler probability; `ppo` clips that ratio to [clip_low, clip_high]
     and takes the smaller objective, so a token the policy already moved far from its sampler pushes no further;
-    `gspo` clips one ratio per sequence, the geometric mean of its tokens' ratios (GSPO), the same on every token."""
+    `gspo` clips one ratio per sequence, the geometric mean of its tokens' ratios (GSPO), the same on every token;
+    `cross_entropy` is the supervised loss, -advantage x logprob with no ratio (an `sft` run's advantages are its
+    kept records' 1 and the others' 0: docs/RUNS.md#supervised-warm-up)."""
 
     name: str = "importance_sampling"
     clip_low: float = PPO_CLIP_LOW
     clip_high: float = PPO_CLIP_HIGH
 
     def token_loss(self, logprob: float, sampler_logprob: float, advantage: float) -> float:
+        if self.name == "cross_entropy":
+            return -advantage * logprob
         return self._clipped_loss(math.exp(logprob - sampler_logprob), advantage, self.name != "importance_sampling")
 
     def _clipped_loss(self, ratio: float, advantage: float, clipped: bool) -> float:

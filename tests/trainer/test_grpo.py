@@ -178,6 +178,19 @@ def test_gspo_clips_one_ratio_per_sequence() -> None:
     assert PolicyLoss("gspo", 0.8, 1.5).summed([datum], [current]) == pytest.approx(-2 * math.exp(0.2))
 
 
+def test_cross_entropy_is_the_weighted_logprob_whatever_the_sampler_gave() -> None:
+    tokens, masks, logprobs = rollout([1, 2], [3, 4], [-0.5, -2.0])
+    datum = build_datum(tokens, masks, 1.0, logprobs, 100)
+    other = build_datum(tokens, masks, 1.0, [1.0, 1.0, -0.1, -0.1], 100)
+    current = [-3.0, -0.4, -0.7]
+    loss = PolicyLoss("cross_entropy")
+    # the completion's two tokens, weighted 1; the prompt's none
+    assert loss.summed([datum], [current]) == pytest.approx(0.4 + 0.7)
+    assert loss.summed([other], [current]) == loss.summed([datum], [current])
+    unkept = build_datum(tokens, masks, 0.0, logprobs, 100)
+    assert loss.summed([unkept], [current]) == 0.0
+
+
 @pytest.mark.parametrize(
     ("normalization", "expected"),
     [("group_mean", [0.5, -0.5, -0.5, 0.5]), ("mean_std", [1.0, -1.0, -1.0, 1.0]), ("none", [1.0, 0.0, 0.0, 1.0])],

@@ -81,6 +81,7 @@ MANAGED_ENV_FIELDS = {
     "rewards": "The rewards of the request's dataset source.",
     "dataset_judge": "The judge of the request's online dataset source (URL, model, rubric; never its key).",
     "answer_field": "The answer field of the request's dataset source.",
+    "sft_top_n": "The request's top_n of an sft dataset run.",
 }
 
 
@@ -160,7 +161,8 @@ def training_fields(settings: Settings, backend: Backend) -> tuple[ConfigurableF
             "loss_fn",
             "str",
             defaults["loss_fn"],
-            f"Policy loss: {', '.join(losses)} (gspo: a clipped ratio per sequence; local only).",
+            f"Policy loss: {', '.join(losses)} (gspo: a clipped ratio per sequence; cross_entropy: supervised, "
+            "-advantage x logprob; both local only).",
             {"enum": list(losses)},
         ),
         ConfigurableField(

@@ -26,14 +26,14 @@ from rlctl.service.db.models import Dataset
 from rlctl.service.db.rows import load_row
 from rlctl.service.environments.catalog import EnvironmentCatalog
 from rlctl.service.environments.schemas import DATASET_OFFLINE, DATASET_ONLINE
-from rlctl.service.errors import ValidationFailed
+from rlctl.service.errors import FieldLocked, ValidationFailed
 from rlctl.service.rewards.errors import JudgeNotConfigured
 from rlctl.service.rewards.grouping import record_at, sorted_group_keys
 from rlctl.service.rewards.judge import judge_endpoint
 from rlctl.service.rewards.schemas import RewardSpec
 from rlctl.service.rewards.service import check_rewards
 from rlctl.service.runs.schemas import DatasetMode, DatasetSource
-from rlctl.service.settings import BUILTIN_ENVIRONMENTS_DIR
+from rlctl.service.settings import BUILTIN_ENVIRONMENTS_DIR, Backend
 from rlctl.trajectories.grpo import GroupIssue, GrpoExportStats, GrpoGroup, grpo_groups
 from rlctl.trajectories.judge import GROUP_REWARDS
 from rlctl.trajectories.records import TrajectoryRecord, record_from_dict
@@ -41,7 +41,13 @@ from rlctl.trajectories.rewards import BUILTIN_REWARDS
 from rlctl.trajectories.training import has_assistant_turn, prompt_messages
 
 # The shipped environment of each mode (environments/dataset_*.py).
-DATASET_ENVIRONMENTS = {DatasetMode.OFFLINE: DATASET_OFFLINE, DatasetMode.ONLINE: DATASET_ONLINE}
+DATASET_ENVIRONMENTS = {
+    DatasetMode.OFFLINE: DATASET_OFFLINE,
+    DatasetMode.ONLINE: DATASET_ONLINE,
+    DatasetMode.SFT: DATASET_OFFLINE,  # the stored completions, trained supervised (docs/RUNS.md#supervised-warm-up)
+}
+STORED = (DatasetMode.OFFLINE, DatasetMode.SFT)  # the modes that train on the stored completions
+SFT_TRAINER = {"loss_fn": "cross_entropy", "advantage_normalization": "none"}  # an sft run's, over any edit
 TRAIN, HELD_OUT = "train", "held_out"
 SPLITS = (TRAIN, HELD_OUT)
 
@@ -102,19 +108,38 @@ def prepare(ctx: AppContext, source: DatasetSource, env_values: dict[str, Any], 
             )
         check_rewards(ctx, source.rewards)
         check_online_judge(ctx, source)
-    if source.mode == DatasetMode.OFFLINE and not (stats.get("rewards") or {}).get("count"):
+    if source.mode in STORED and not (stats.get("rewards") or {}).get("count"):
         raise DatasetNotTrainable(
             f"dataset {source.id} is not scored: score it first (POST /datasets/{source.id}/score)",
             {"dataset_id": source.id, "reason": "not_scored"},
         )
     target = dataset_dir(run_dir)
     target.mkdir(parents=True, exist_ok=True)
-    if source.mode == DatasetMode.OFFLINE:
+    if source.mode in STORED:
         plan = _write_offline(ctx, source, env_values, target)
     else:
         plan = _write_online(ctx, source, env_values, target)
     (target / "split.json").write_text(json.dumps(plan.as_dict(), indent=2))
     return plan
+
+
+def check_sft(source: DatasetSource, backend: Backend, edits: dict[str, Any]) -> None:
+    """An sft run's loss is the local backend's cross-entropy, and it chooses its loss and advantages itself
+    (docs/RUNS.md#supervised-warm-up)."""
+    if source.mode != DatasetMode.SFT:
+        return
+    for name in SFT_TRAINER:
+        if name in edits:
+            raise FieldLocked(
+                f"{name} is set by an sft run ({SFT_TRAINER[name]})",
+                {"field": name, "locked_value": SFT_TRAINER[name]},
+            )
+    if backend != Backend.LOCAL:
+        raise ValidationFailed(
+            f"an sft run trains with the local backend only: the {backend.value} backend has no cross_entropy loss "
+            "in rlctl; start it with backend 'local'",
+            {"field": "backend", "value": backend.value, "allowed": [Backend.LOCAL.value]},
+        )
 
 
 def uses_judge(source: DatasetSource) -> bool:
@@ -297,8 +322,9 @@ def managed_values(ctx: AppContext, source: DatasetSource, run_dir: Path) -> dic
     """The dataset environment's managed fields: its files in the run directory, the request's rewards (an
     environment's scorer by its file, which the online environment imports)."""
     train, held_out = str(split_path(run_dir, TRAIN)), str(split_path(run_dir, HELD_OUT))
-    if source.mode == DatasetMode.OFFLINE:
-        return {"groups_path": train, "held_out_path": held_out}
+    if source.mode in STORED:
+        top_n = (source.top_n or 1) if source.mode == DatasetMode.SFT else None
+        return {"groups_path": train, "held_out_path": held_out, "sft_top_n": top_n}
     return {
         "prompts_path": train,
         "held_out_path": held_out,

@@ -21,6 +21,7 @@ PromptSplit = Literal["train", "held_out"]
 class DatasetMode(StrEnum):
     OFFLINE = "offline"
     ONLINE = "online"
+    SFT = "sft"
 
 
 class DatasetSource(BaseModel):
@@ -32,7 +33,11 @@ class DatasetSource(BaseModel):
     mode: DatasetMode = Field(
         DatasetMode.OFFLINE,
         description="offline: train on the stored completions (the dataset must be scored); "
-        "online: its prompts, answered by the policy and scored by `rewards`.",
+        "online: its prompts, answered by the policy and scored by `rewards`; "
+        "sft: supervised, cross-entropy on the top_n best-scored stored completions of each group.",
+    )
+    top_n: int | None = Field(
+        None, ge=1, le=1024, description="sft: the completions of each group trained, best score first; default 1."
     )
     held_out: float = Field(
         0.0,
@@ -57,6 +62,12 @@ class DatasetSource(BaseModel):
     judge: JudgeChoice | None = Field(
         None, description="online, with the judge or completion reward: the judge's model and rubric."
     )
+
+    @model_validator(mode="after")
+    def top_n_of_sft(self) -> Self:
+        if self.top_n is not None and self.mode != DatasetMode.SFT:
+            raise ValueError("top_n is the number of completions an sft run trains per group: give mode sft")
+        return self
 
 
 class RunResources(BaseModel):

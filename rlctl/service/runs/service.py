@@ -65,6 +65,7 @@ from rlctl.service.runs.paths import ROLES, RunPaths
 from rlctl.service.runs.resources import resolve_resources
 from rlctl.service.runs.schemas import (
     CreateRunRequest,
+    DatasetMode,
     HeadlineMetrics,
     LiveProcess,
     ProcessOut,
@@ -128,6 +129,8 @@ def create_run(ctx: AppContext, manager: RunManager, request: CreateRunRequest) 
     chosen = environments.resolve_backend(ctx, request.backend or request.config.get("backend"))
     require_backend(ctx, chosen)
     members = mixture.plan_members(ctx, request.environments, request.config, chosen) if request.environments else []
+    if request.dataset is not None:
+        dataset_runs.check_sft(request.dataset, chosen, request.config)
     plan = (
         members[0].plan
         if members
@@ -192,7 +195,10 @@ def _merged_config(
         shutil.rmtree(paths.run_dir, ignore_errors=True)
         raise
     managed = dataset_runs.managed_values(ctx, request.dataset, paths.run_dir)
-    return plan.merge(ctx, placement, wandb_enabled, managed=managed, total_steps=split.total_steps)
+    merged = plan.merge(ctx, placement, wandb_enabled, managed=managed, total_steps=split.total_steps)
+    if request.dataset.mode == DatasetMode.SFT:
+        merged["tinker"].update(dataset_runs.SFT_TRAINER)
+    return merged
 
 
 def _new_run(

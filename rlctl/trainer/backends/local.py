@@ -222,6 +222,8 @@ class LocalBackend(TrainingBackend):
     ) -> torch.Tensor:
         """Per-token objective of the configured loss (rlctl.trainer.grpo.PolicyLoss gives the same per datum)."""
         loss = self._config.loss
+        if loss.name == "cross_entropy":  # supervised: the logprob itself, weighted by the advantage
+            return logprobs * advantages
         if loss.name == "gspo":  # one ratio per sequence: the geometric mean of its completion tokens' ratios
             tokens = completion.sum(dim=1, keepdim=True).clamp(min=1.0)
             ratio = torch.exp(((logprobs - sampler) * completion).sum(dim=1, keepdim=True) / tokens)
