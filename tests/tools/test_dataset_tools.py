@@ -84,7 +84,9 @@ def test_collect_trajectories_by_tool(make_settings: Callable[..., Settings], ag
             model=TINY_AGENT,
             runs_per_prompt=2,
             max_turns=1,
-            discard_without_reasoning=None,
+            # The tiny model never reasons: by default every trajectory is discarded, and a collection that keeps
+            # nothing fails. The null-means-default contract is held by the call below and tests/tools.
+            discard_without_reasoning=False,
         )
         assert started["progress"]["total"] == 4
         job = finished_job(client, started["job_id"])
