@@ -99,3 +99,26 @@ def test_environment_files_skip_private_names_and_other_files(tmp_path: Path) ->
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "nested.py").write_text("class N(BaseEnv): pass\n")
     assert environment_files([tmp_path, tmp_path / "missing"]) == [tmp_path / "real.py"]
+
+
+def test_tool_environments_are_environments() -> None:
+    source = (
+        "from rlctl.environment_kit.tool_env import ToolEnv\n"
+        "class Lookup(ToolEnv):\n"
+        '    """Look a value up."""\n'
+        "    name = 'lookup'\n"
+        "class Harder(Lookup):\n"
+        "    name = 'harder'\n"
+        "class Helper:\n"
+        "    pass\n"
+    )
+    environments, errors = resolve_environments(scans({"tools.py": source}))
+    assert errors == []
+    assert [(e.name, e.class_name) for e in environments] == [("harder", "Harder"), ("lookup", "Lookup")]
+
+
+def test_the_shipped_tool_environment_is_listed() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "environments"
+    files = environment_files([shipped])
+    environments, _ = resolve_environments(scan_source(path, path.read_text()) for path in files)
+    assert "tool_lookup" in {e.name for e in environments}

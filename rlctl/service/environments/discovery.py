@@ -1,6 +1,7 @@
 """Finding environment classes by reading source files, never importing them.
 
-A class counts when it derives from `BaseEnv`, directly or through another class found here (in any scanned
+A class counts when it derives from `BaseEnv` or `ToolEnv` (rlctl's base of multi-turn tool environments, itself
+a `BaseEnv`: rlctl/environment_kit/tool_env.py), directly or through another class found here (in any scanned
 file). Pure functions over source text, plus one scan of directories; the catalog caches per file.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from rlctl.service.pysource import parse_module
 
-ROOT_BASE = "BaseEnv"
+ROOT_BASES = frozenset({"BaseEnv", "ToolEnv"})
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,8 @@ def environment_files(directories: Iterable[Path]) -> list[Path]:
 
 
 def environment_class_names(scans: list[FileScan]) -> set[str]:
-    """Fixpoint over base names: BaseEnv subclasses, then their subclasses, across files."""
-    found = {ROOT_BASE}
+    """Fixpoint over base names: BaseEnv (and ToolEnv) subclasses, then their subclasses, across files."""
+    found = set(ROOT_BASES)
     classes = [info for scan in scans for info in scan.classes]
     changed = True
     while changed:
@@ -119,7 +120,7 @@ def environment_class_names(scans: list[FileScan]) -> set[str]:
             if info.class_name not in found and any(base in found for base in info.base_names):
                 found.add(info.class_name)
                 changed = True
-    found.discard(ROOT_BASE)
+    found -= ROOT_BASES
     return found
 
 

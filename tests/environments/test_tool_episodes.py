@@ -1,0 +1,169 @@
+"""Multi-turn tool episodes (rlctl/environment_kit/agents.py, tool_env.py) with the tiny model's real tokenizer and
+chat template. The policy here is a scripted sampler (the replies are given, their logprobs made up): what is
+checked is the conversation the episode builds around them, the masks, the tools and the rewards. Sampling from a
+real model server is the agentic pipeline's test (tests/trainer/test_agentic_pipeline.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from environments.tool_lookup import answer_contains_value, demonstration, lookup_task
+from rlctl.environment_kit.agents import (
+    MASKED,
+    Sampled,
+    Template,
+    ToolCallFailed,
+    episode_metrics,
+    run_episode,
+)
+from rlctl.environment_kit.priming import assistant_masked
+from rlctl.environment_kit.tool_env import ShellTool, Tool, compose
+from rlctl.sandbox.bubblewrap import find_sandbox
+from rlctl.trainer.tiny_model import build_tokenizer
+from rlctl.trajectories.tool_calls import ParsedToolCall
+
+CALL = '\n<tool_call>\n{"name": "lookup", "arguments": {"key": "code"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def template() -> Template:
+    return Template(build_tokenizer())
+
+
+def scripted(template: Template, replies: Sequence[str], cut: int | None = None):
+    """A sampler answering `replies` in turn, each ended by the end token (unless longer than max_tokens)."""
+    tokenizer, queue = template.tokenizer, list(replies)
+    prompts: list[list[int]] = []
+
+    async def sample(input_ids: list[int], max_tokens: int) -> Sampled:
+        prompts.append(list(input_ids))
+        tokens = tokenizer.encode(queue.pop(0), add_special_tokens=False) + [tokenizer.eos_token_id]
+        if len(tokens) > max_tokens:
+            return Sampled(tokens[:max_tokens], [-0.5] * max_tokens, "length")
+        return Sampled(tokens, [-0.5] * len(tokens), "stop")
+
+    return sample, prompts
+
+
+def episode_on(template: Template, replies: Sequence[str], max_turns: int = 3, max_tokens: int = 2048):
+    task = lookup_task(__import__("random").Random(0), "code", 3)
+    tools = {tool.name: tool for tool in task.tools}
+
+    async def run_tool(call: ParsedToolCall) -> str:
+        if call.name not in tools:
+            raise ToolCallFailed(f"no tool named {call.name!r}")
+        return await tools[call.name](call.arguments)
+
+    sample, prompts = scripted(template, replies)
+    schemas = [tool.schema() for tool in task.tools]
+    episode = asyncio.run(
+        run_episode(
+            template,
+            task.messages,
+            schemas,
+            sample,
+            run_tool,
+            max_turns=max_turns,
+            max_reply_tokens=96,
+            max_tokens=max_tokens,
+        )
+    )
+    return task, episode, prompts
+
+
+def test_an_episode_is_the_chat_templates_conversation_with_only_the_policys_tokens_trained(
+    template: Template,
+) -> None:
+    task, episode, prompts = episode_on(template, [CALL, "It is VALUE."])
+    value = task.data["value"]
+    tokenizer = template.tokenizer
+    final = "It is VALUE."
+    conversation = [
+        *task.messages,
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "content": value},
+        {"role": "assistant", "content": final},
+    ]
+    rendered = tokenizer.apply_chat_template(conversation, tools=[t.schema() for t in task.tools], tokenize=False)
+    assert tokenizer.decode(episode.tokens) + "\n" == rendered  # token extension: the template's own text
+    trained = tokenizer.decode(
+        [token for token, mask in zip(episode.tokens, episode.masks, strict=True) if mask != MASKED]
+    )
+    assert trained == CALL + "<|im_end|>" + final + "<|im_end|>"  # replies and their end tokens only
+    assert [mask for mask in episode.masks if mask != MASKED] == [
+        token for token, mask in zip(episode.tokens, episode.masks, strict=True) if mask != MASKED
+    ]
+    assert all(logprob == 1.0 for logprob, mask in zip(episode.logprobs, episode.masks, strict=True) if mask == MASKED)
+    assert all(logprob == -0.5 for logprob, mask in zip(episode.logprobs, episode.masks, strict=True) if mask != MASKED)
+    assert prompts[1] == episode.tokens[: len(prompts[1])]  # the second turn extended the first's tokens
+    assert tokenizer.decode(prompts[1]).endswith(f"<|im_start|>tool\n{value}<|im_end|>\n<|im_start|>assistant\n")
+    assert (episode.stats.turns, episode.stats.tool_calls, episode.stats.failed_calls) == (2, 1, 0)
+    assert not episode.stats.truncated
+    assert answer_contains_value(task, episode) == 0.0  # "VALUE" is not the value
+
+
+def test_the_answer_is_rewarded_and_failed_calls_are_shown_to_the_policy(template: Template) -> None:
+    task, episode, prompts = episode_on(template, [CALL.replace('"code"', '"door"'), CALL, "VALUE"])
+    value = task.data["value"]
+    assert "no value under 'door'" in template.tokenizer.decode(prompts[1])
+    assert (episode.stats.turns, episode.stats.tool_calls, episode.stats.failed_calls) == (3, 2, 1)
+    right = episode_on(template, [CALL, f"The code is {value}"])[1]
+    assert answer_contains_value(task, right) == 1.0
+    metrics = episode_metrics([episode, right])
+    assert metrics["agent/turns_per_episode"] == 2.5 and metrics["agent/tool_calls_per_episode"] == 1.5
+    assert metrics["agent/failed_call_share"] == pytest.approx(1 / 3)
+    assert compose([(answer_contains_value, 0.5), (lambda _t, e: float(e.stats.turns), 0.1)], task, right) == 0.7
+
+
+def test_max_turns_and_max_tokens_truncate(template: Template) -> None:
+    _, episode, _ = episode_on(template, [CALL, CALL, CALL], max_turns=2)
+    assert episode.stats.turns == 2 and episode.stats.tool_calls == 1 and episode.stats.truncated
+    _, short, _ = episode_on(template, [CALL], max_tokens=320)
+    assert short.stats.truncated and len(short.tokens) <= 320
+    assert short.masks[-1] != MASKED  # cut in its reply: the sampled tokens stay, nothing follows them
+
+
+def test_a_tool_checks_its_arguments_and_reports_its_errors() -> None:
+    tool = Tool(
+        "add", "Add.", {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"]}, lambda a, b=0: a + b
+    )
+    assert asyncio.run(tool({"a": 2, "b": 3})) == "5"
+    for arguments, message in (
+        ({"c": 1, "a": 1}, "unknown argument"),
+        ({}, "missing argument"),
+        ({"a": "x", "b": 1}, "TypeError"),
+    ):
+        with pytest.raises(ToolCallFailed, match=message):
+            asyncio.run(tool(arguments))
+
+
+def test_a_shell_tool_runs_in_the_sandbox(tmp_path: Path) -> None:
+    found = find_sandbox("bwrap", 65534)
+    if isinstance(found, str):
+        if os.environ.get("RLCTL_TEST_REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"the sandbox is required here: {found}")
+        pytest.skip(f"no sandbox here: {found}")
+    tool = ShellTool(timeout_s=5).bind(tmp_path)
+    result = json.loads(asyncio.run(tool({"command": "echo hi > f.txt && cat f.txt && id -u && ls /root"})))
+    assert result["output"].startswith("hi\n") and result["exit_code"] != 0  # /root is not in the sandbox's view
+    assert (tmp_path / "f.txt").read_text() == "hi\n"
+    refused = json.loads(asyncio.run(tool({"command": "sleep 30"})))
+    assert "timed out" in refused["error"]
+
+
+def test_priming_learns_only_the_assistant_turns() -> None:
+    import random
+
+    tokenizer = build_tokenizer()
+    messages, tools = demonstration(random.Random(0), "code", 3)
+    tokens, labels = assistant_masked(tokenizer, messages, tools)
+    assert tokenizer.decode(tokens) == tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    learned = tokenizer.decode([label for label in labels if label != MASKED])
+    value = messages[2]["content"]
+    assert learned == CALL + "<|im_end|>\n" + value + "<|im_end|>\n"

@@ -1,0 +1,89 @@
+"""Online multi-turn tool training end to end, all real processes: `run-api`, the trainer on the local backend with
+the primed tiny model, and `environments/tool_lookup.py serve`: every episode a conversation of tool calls sampled
+from the trainer's inference server, the tool's results appended as tool turns, the answer rewarded. Checked: the
+run completes every step; the policy calls the tool over several turns (the environment's `agent/...` metrics, as a
+supervised run records them); the trained rollouts are whole conversations. The reward's rise is printed, not
+asserted: over 24 steps it was not reliable on this model (docs/TOOL_ENVIRONMENTS.md#tool_lookup)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from environments.tool_lookup import prime_model
+from rlctl.service.runs.launch import ENV_HOOKS_DIR
+from tests.support.live import free_port
+from tests.support.tiny_model import session_tiny_model
+from tests.trainer.pipeline import (
+    child_environment,
+    processes,
+    start_api,
+    start_environment,
+    start_trainer,
+    step_metrics,
+    trainer_state,
+    wait_http,
+    write_run_yaml,
+)
+
+pytestmark = pytest.mark.e2e
+
+TOTAL_STEPS = 24
+_lock = threading.Lock()
+
+
+@pytest.fixture(scope="session")
+def primed_model_dir() -> Path:
+    """The tiny model primed for tool_lookup, once per session beside the session's tiny model (~30-90 s CPU)."""
+    tiny = session_tiny_model()
+    with _lock:
+        return prime_model(output=tiny.parent / "tiny-qwen3-tool_lookup", base=tiny)
+
+
+def test_a_multi_turn_tool_run_learns(primed_model_dir: Path, tmp_path: Path) -> None:
+    api_port, inference_port = free_port(), free_port()
+    run_dir = tmp_path / "tool_lookup"
+    config = write_run_yaml(
+        run_dir,
+        model_dir=primed_model_dir,
+        api_port=api_port,
+        inference_port=inference_port,
+        total_steps=TOTAL_STEPS,
+        group_size=4,
+        batch_size=16,
+        env={"max_turns": 3, "eval_items": 0, "steps_per_eval": 1000, "seed": 0},
+        tinker={"max_token_trainer_length": 1024, "learning_rate": 2e-3},
+    )
+    # the environment's metrics go where a supervised run's go (the hook rlctl puts on its PYTHONPATH)
+    hooks = f"{ENV_HOOKS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env_metrics = run_dir / "env_metrics.jsonl"
+    environment = child_environment(tmp_path / "var", PYTHONPATH=hooks, RLCTL_ENV_METRICS_PATH=str(env_metrics))
+    with processes() as start:
+        start_api(start, run_dir, api_port, environment)
+        trainer = start_trainer(start, config, environment)
+        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
+        env = start_environment(start, "tool_lookup.py", config, environment)
+        exit_code = trainer.wait(300)
+        env_log = env.log_text()
+    assert exit_code == 0, trainer.log_tail()
+    assert "Traceback" not in env_log, env_log[-4000:]
+
+    records = step_metrics(run_dir)
+    assert [record["step"] for record in records] == list(range(1, TOTAL_STEPS + 1))
+    rewards = [record["metrics"]["reward/mean"] for record in records]
+    quarter = TOTAL_STEPS // 4
+    first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+    print(f"tool_lookup: first-quarter mean reward {first:.3f}, last-quarter {last:.3f}")
+    assert all(0.0 <= reward <= 1.0 for reward in rewards) and max(rewards) > 0.0, rewards  # some episodes solve it
+    assert trainer_state(run_dir)["status"] == "completed"
+    logged = [json.loads(line)["metrics"] for line in env_metrics.read_text().splitlines()]
+    agent = [metrics for metrics in logged if "agent/turns_per_episode" in metrics]
+    assert agent, logged
+    assert all(1.0 <= metrics["agent/turns_per_episode"] <= 3.0 for metrics in agent)
+    assert max(metrics["agent/tool_calls_per_episode"] for metrics in agent) > 0.5  # the policy calls the tool
+    # multi-turn datums: more tokens than one reply, most of them masked (prompt and tool turns)
+    assert min(record["metrics"]["completion/mean_tokens"] for record in records) > 20
