@@ -24,7 +24,7 @@ from atroposlib.envs.base import APIServerConfig
 from pydantic import Field
 
 from rlctl.environment_kit.agents import Episode, ToolCallFailed
-from rlctl.environment_kit.servers import local_model_server, tiny_model_dir
+from rlctl.environment_kit.servers import built_tiny_model, local_model_server
 from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTask
 from rlctl.trajectories.tool_calls import split_tool_calls
 
@@ -87,9 +87,8 @@ def prime_model(
 ) -> Path:
     """The tiny model primed on solved lookup tasks (built once; see rlctl/environment_kit/priming.py)."""
     from rlctl.environment_kit.priming import prime
-    from rlctl.trainer.tiny_model import init_tiny_model
 
-    base = init_tiny_model(base or Path(tiny_model_dir()))
+    base = built_tiny_model(base)
     defaults = ToolLookupConfig.model_fields
     rng = random.Random(seed + 7)
     conversations = [demonstration(rng, defaults["key"].default, defaults["digits"].default) for _ in range(512)]

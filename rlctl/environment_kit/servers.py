@@ -29,3 +29,11 @@ def local_model_server(model_name: str) -> APIServerConfig:
         server_type="sglang",
         health_check=False,
     )
+
+
+def built_tiny_model(directory: Path | None = None) -> Path:
+    """The tiny model in `directory` (default: the data directory's), built there first when it is not (priming
+    starts from it: docs/TOOL_ENVIRONMENTS.md#priming)."""
+    from rlctl.trainer.tiny_model import init_tiny_model
+
+    return init_tiny_model(directory or Path(tiny_model_dir()))
