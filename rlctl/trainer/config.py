@@ -79,6 +79,7 @@ class TrainerConfig:
     # state path) whose weights, not optimiser state, start this run when it has no checkpoint of its own.
     init_from: str | None = None
     mixed_environments: int = 0  # a mixed run's environments (docs/RUNS.md#mixed-environments); 0: one
+    keep_last_n: int | None = None  # local: checkpoints kept besides the best, pinned and in use; None: all
 
     @property
     def effective_lora_alpha(self) -> int:
@@ -168,6 +169,7 @@ def parse_config(document: dict[str, Any]) -> TrainerConfig:
         mask_truncated_completions=_typed(tinker, "mask_truncated_completions", bool, False),
         sampler=_typed(tinker, "sampler", str, "thread"),
         init_from=_typed(tinker, "init_from", str, None),
+        keep_last_n=_typed(tinker, "keep_last_n", int, None),
     )
     for name in ("lora_rank", "learning_rate", "total_steps", "batch_size", "group_size"):
         _positive(name, getattr(config, name))
@@ -195,6 +197,8 @@ def _check_options(config: TrainerConfig) -> None:
         raise ConfigError(f"tinker.kl_coef must be at least 0, got {config.kl_coef}")
     if config.lora_alpha is not None:
         _positive("lora_alpha", config.lora_alpha)
+    if config.keep_last_n is not None:
+        _positive("keep_last_n", config.keep_last_n)
     if config.backend != "tinker":
         return
     if config.loss_fn not in TINKER_LOSS_FUNCTIONS:
@@ -203,6 +207,8 @@ def _check_options(config: TrainerConfig) -> None:
         raise ConfigError("the tinker backend has no reference model: tinker.kl_coef must be 0")
     if config.lora_alpha is not None:
         raise ConfigError("the tinker backend chooses LoRA's alpha itself: tinker.lora_alpha must be unset")
+    if config.keep_last_n is not None:
+        raise ConfigError("Tinker keeps the tinker backend's checkpoints: tinker.keep_last_n must be unset")
 
 
 def _health_rules(tinker: dict[str, Any]) -> HealthRules:

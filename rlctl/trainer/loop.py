@@ -25,6 +25,7 @@ from rlctl.trainer.health import Collapse, RunHealth, best_checkpoint
 from rlctl.trainer.inference_guard import KEY_ENV as INFERENCE_KEY_ENV
 from rlctl.trainer.inference_server import InferenceServer, create_app
 from rlctl.trainer.outputs import MetricsWriter, TrainerState, TrainerStateStore, WandbMirror
+from rlctl.trainer.retention import prune
 
 log = logging.getLogger("trainer")
 
@@ -401,6 +402,16 @@ class Trainer:
         self.state.add_checkpoint(checkpoint, self.health.checkpoint_value())
         self.state.best_checkpoint = best_checkpoint(self.state.checkpoints)
         log.info("checkpoint of step %d saved to %s", step, checkpoint.path)
+        if self.config.keep_last_n is not None:
+            self._retain(self.config.keep_last_n)
+
+    def _retain(self, keep_last_n: int) -> None:
+        """Delete the checkpoints retention does not keep (docs/TRAINER.md#retention)."""
+        best = (self.state.best_checkpoint or {}).get("step")
+        deleted = set(prune(self.config.run_dir, self.state.checkpoints, keep_last_n, best))
+        if deleted:
+            self.state.checkpoints = [entry for entry in self.state.checkpoints if entry["step"] not in deleted]
+            log.info("retention deleted the checkpoints of steps %s", sorted(deleted))
 
     def _finish(self, status: str) -> None:
         last = self.state.last_checkpoint()

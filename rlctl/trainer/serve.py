@@ -8,6 +8,7 @@ target it like any OpenAI-compatible endpoint (docs/TRAINER.md#serving-a-model).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import signal
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from rlctl.trainer.evaluate import backend_for
 from rlctl.trainer.inference_server import InferenceServer, create_app
+from rlctl.trainer.retention import leased
 
 CHECKPOINT_DIR = re.compile(r"^step_(\d+)$")
 
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
-    with tempfile.TemporaryDirectory() as scratch:
+    held = leased(Path(args.adapter), "serve") if args.adapter else contextlib.nullcontext()
+    with held, tempfile.TemporaryDirectory() as scratch:  # the checkpoint stays while it is served (retention)
         backend = backend_for(spec, args.adapter, scratch)
         short = short_model_id(args.adapter, args.name)
         server = InferenceServer(create_app(backend, model_names=[short] if short else []), args.host, args.port)

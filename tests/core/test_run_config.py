@@ -194,6 +194,7 @@ def test_training_options_reach_the_trainer(settings: Settings) -> None:
     [
         ({"kl_coef": 0.1}, FieldLocked, "FIELD_LOCKED"),
         ({"lora_alpha": 16}, FieldLocked, "FIELD_LOCKED"),
+        ({"keep_last_n": 2}, FieldLocked, "FIELD_LOCKED"),
         ({"loss_fn": "gspo"}, ValidationFailed, "VALIDATION_ERROR"),
         ({"advantage_normalization": "batch"}, ValidationFailed, "VALIDATION_ERROR"),
         ({"clip_low_threshold": 1.5}, ValidationFailed, "VALIDATION_ERROR"),

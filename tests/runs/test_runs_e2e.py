@@ -240,6 +240,9 @@ def test_a_stopped_run_resumes_and_a_new_run_starts_warm(any_database_settings: 
         missing_archive = client.get(f"/runs/{run_id}/checkpoints/7/archive")
         assert missing_archive.status_code == 404
         assert missing_archive.json()["error"]["code"] == "CHECKPOINT_NOT_FOUND"
+        assert client.put(f"/runs/{run_id}/checkpoints/30/pin").json()["pinned"] == [30]
+        assert client.put(f"/runs/{run_id}/checkpoints/7/pin").status_code == 404
+        assert client.delete(f"/runs/{run_id}/checkpoints/30/pin").json()["pinned"] == []
         again = client.post(f"/runs/{run_id}/resume")
         assert again.status_code == 409 and again.json()["error"]["code"] == "INVALID_STATE"  # completed
 

@@ -91,6 +91,7 @@ def test_training_options_are_read_with_the_seeds_defaults() -> None:
         ({"loss_fn": "gspo"}, "no loss 'gspo'"),
         ({"kl_coef": 0.1}, "no reference model"),
         ({"lora_alpha": 16}, "chooses LoRA's alpha"),
+        ({"keep_last_n": 2}, "keeps the tinker backend's checkpoints"),
     ],
 )
 def test_the_tinker_backend_refuses_what_it_cannot_honour(options: dict, message: str) -> None:

@@ -65,6 +65,7 @@ LOCKED_FIELDS: tuple[LockedField, ...] = (
 TINKER_LOCKED_FIELDS: tuple[LockedField, ...] = (
     LockedField("kl_coef", "float", "KL penalty to the reference model: Tinker keeps no reference model.", False),
     LockedField("lora_alpha", "int | None", "LoRA's alpha: Tinker chooses it itself.", False),
+    LockedField("keep_last_n", "int | None", "Checkpoint retention: Tinker keeps the checkpoints it saves.", False),
 )
 LOCKED_NAMES = frozenset(f.name for f in LOCKED_FIELDS)
 # Environment fields rlctl chooses per backend unless a run edits them (the operator's value is the default).
@@ -217,6 +218,13 @@ def training_fields(settings: Settings, backend: Backend) -> tuple[ConfigurableF
                 "LoRA's alpha; null: twice the rank.",
                 {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
             ),
+            ConfigurableField(
+                "keep_last_n",
+                "int | None",
+                None,
+                "Checkpoints kept besides the best, the pinned and those in use; null: every one.",
+                {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+            ),
         ]
     return tuple(fields)
 
@@ -236,7 +244,9 @@ WANDB_PROJECT = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": 
 
 def locked_values(settings: Settings, backend: Backend) -> dict[str, Any]:
     chosen = settings.backend_values(backend)
-    only_tinker: dict[str, Any] = {"kl_coef": 0.0, "lora_alpha": None} if backend == Backend.TINKER else {}
+    only_tinker: dict[str, Any] = (
+        {"kl_coef": 0.0, "lora_alpha": None, "keep_last_n": None} if backend == Backend.TINKER else {}
+    )
     return {
         **only_tinker,
         "tokenizer_name": chosen.base_model,
@@ -428,7 +438,7 @@ def _training_options(backend: Backend, values: dict[str, Any]) -> dict[str, Any
         normalization = "mean_std"
     options["advantage_normalization"] = normalization
     if backend == Backend.LOCAL:
-        options.update(kl_coef=values["kl_coef"], lora_alpha=values["lora_alpha"])
+        options.update(kl_coef=values["kl_coef"], lora_alpha=values["lora_alpha"], keep_last_n=values["keep_last_n"])
     return options
 
 

@@ -5,6 +5,7 @@ again from the first prompt: its files are its own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -32,6 +33,7 @@ from rlctl.service.runs.paths import RunPaths
 from rlctl.service.settings import REPO_ROOT
 from rlctl.supervisor.process import ProcessSpec, SupervisedProcess
 from rlctl.supervisor.run import read_tail
+from rlctl.trainer.retention import leased
 from rlctl.trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
 from rlctl.trajectories.records import TrajectoryRecord
 from rlctl.trajectories.training import record_with_completion
@@ -72,7 +74,11 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     }
     (workdir / "spec.json").write_text(json.dumps(spec))  # no secret: a Tinker key is in the child's environment
     samples = workdir / "samples.jsonl"
-    _sample(ctx, handle, workdir, samples, total, tinker_environment(ctx.settings, params["backend"]))
+    with contextlib.ExitStack() as held:  # the checkpoints it samples stay while it may load them (retention)
+        for model in params["models"]:
+            if model["weights"] and "://" not in model["weights"]:
+                held.enter_context(leased(Path(model["weights"]), f"evaluation-{handle.job_id}"))
+        _sample(ctx, handle, workdir, samples, total, tinker_environment(ctx.settings, params["backend"]))
     result = score_and_compare(ctx, params, prompts, samples, handle)
     (workdir / "result.json").write_text(json.dumps(result))
     handle.progress(total, total, force=True)

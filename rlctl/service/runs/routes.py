@@ -21,6 +21,7 @@ from rlctl.service.runs import archive, node, service
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.paths import RunPaths
 from rlctl.service.runs.schemas import (
+    CheckpointPins,
     CreateRunRequest,
     NodePlan,
     NodeReport,
@@ -178,6 +179,33 @@ async def get_checkpoint_archive(
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
     )
+
+
+CheckpointStep = Annotated[int, Path_(ge=0, le=MAX_STEP, description="The checkpoint's step.")]
+
+
+@router.put(
+    "/{run_id}/checkpoints/{step}/pin",
+    response_model=CheckpointPins,
+    summary="Pin a checkpoint against retention",
+    responses=error_responses(404, 422),
+    dependencies=[OPERATE],
+)
+async def pin_checkpoint(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> CheckpointPins:
+    """A run with `keep_last_n` deletes its older checkpoints; a pinned one stays (docs/TRAINER.md#retention)."""
+    return await run_in_threadpool(service.pin_checkpoint, ctx, run_id, step, True)
+
+
+@router.delete(
+    "/{run_id}/checkpoints/{step}/pin",
+    response_model=CheckpointPins,
+    summary="Unpin a checkpoint",
+    responses=error_responses(404, 422),
+    dependencies=[OPERATE],
+)
+async def unpin_checkpoint(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> CheckpointPins:
+    """Retention may delete it again (at the run's next checkpoint) unless it is among the kept ones."""
+    return await run_in_threadpool(service.pin_checkpoint, ctx, run_id, step, False)
 
 
 @router.get(

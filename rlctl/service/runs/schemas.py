@@ -123,6 +123,11 @@ class EnvironmentShare(BaseModel):
     )
 
 
+class CheckpointPins(BaseModel):
+    run_id: str
+    pinned: list[int] = Field(description="The steps whose checkpoints retention never deletes.")
+
+
 class CreateRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

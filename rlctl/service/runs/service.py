@@ -64,6 +64,7 @@ from rlctl.service.runs.manager import RunManager, process_record
 from rlctl.service.runs.paths import ROLES, RunPaths
 from rlctl.service.runs.resources import resolve_resources
 from rlctl.service.runs.schemas import (
+    CheckpointPins,
     CreateRunRequest,
     DatasetMode,
     HeadlineMetrics,
@@ -87,6 +88,7 @@ from rlctl.service.states import ProcessStatus, RunStatus
 from rlctl.supervisor.executor import Executor, Resources
 from rlctl.supervisor.ports import free_ports
 from rlctl.supervisor.process import Liveness
+from rlctl.trainer import retention
 
 LIVE_STATUS = {
     Liveness.ALIVE: ProcessStatus.RUNNING,
@@ -646,6 +648,23 @@ def checkpoint_archive(ctx: AppContext, run_id: str, step: int) -> tuple[str, li
     with ctx.db.read() as session:
         load_row(session, Run, run_id, RunNotFound)
     return archive.checkpoint_files(RunPaths(ctx.settings.data_path, run_id), step)
+
+
+def pin_checkpoint(ctx: AppContext, run_id: str, step: int, pinned: bool) -> CheckpointPins:
+    """Pin (or unpin) a checkpoint against the run's retention (docs/TRAINER.md#retention). Pinning needs the
+    checkpoint; unpinning one that is not pinned changes nothing."""
+    validate_name(run_id, f"{RunNotFound.subject} id")
+    with ctx.db.read() as session:
+        load_row(session, Run, run_id, RunNotFound)
+    paths = RunPaths(ctx.settings.data_path, run_id)
+    steps = retention.pinned_steps(paths.run_dir)
+    if pinned:
+        continuation.checkpoint_of(paths, step)
+        steps.add(step)
+    else:
+        steps.discard(step)
+    retention.write_pinned(paths.run_dir, steps)
+    return CheckpointPins(run_id=run_id, pinned=sorted(steps))
 
 
 # --- results, metrics, logs ---
