@@ -206,6 +206,15 @@ def test_dataset_runs_and_evaluations_from_the_cli_send_the_same_request_models(
         assert unknown.returncode == 1 and "404 DATASET_NOT_FOUND" in unknown.stderr
         online = rlctl(live.base_url, "runs", "start", "--dataset", "nope", "--mode", "online", token=TOKEN)
         assert online.returncode == 1 and "404 DATASET_NOT_FOUND" in online.stderr  # looked up before its rewards
+        sft = ("--dataset", "nope", "--mode", "sft", "--top-n", "2")
+        supervised = rlctl(live.base_url, "runs", "start", *sft, token=TOKEN)
+        assert supervised.returncode == 1 and "404 DATASET_NOT_FOUND" in supervised.stderr  # the request was whole
+        top_n_offline = rlctl(live.base_url, "runs", "start", "--dataset", "nope", "--top-n", "2", token=TOKEN)
+        assert top_n_offline.returncode == 1 and "422 VALIDATION_ERROR" in top_n_offline.stderr  # sft only
+        mixed = rlctl(live.base_url, "runs", "start", "--mix", "echo=2", "--mix", "nope", token=TOKEN)
+        assert mixed.returncode == 1 and "404 ENVIRONMENT_NOT_FOUND" in mixed.stderr
+        both = rlctl(live.base_url, "runs", "start", "echo", "--mix", "echo", token=TOKEN)
+        assert both.returncode == 1 and "422 VALIDATION_ERROR" in both.stderr
         neither = rlctl(live.base_url, "runs", "start", token=TOKEN)
         assert neither.returncode == 1 and "422 VALIDATION_ERROR" in neither.stderr  # environment or dataset
         # Resources go in the run's request model: the service validates them (docs/RUNS.md#resources).

@@ -60,7 +60,15 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     start = command(runs, "start", runs_start, "start a run")
     start.add_argument("environment", nargs="?", help="the environment to train on (or --dataset)")
     start.add_argument("--dataset", metavar="ID", help="train on this trajectory dataset instead of an environment")
-    start.add_argument("--mode", choices=("offline", "online"), default="offline", help="how to use the dataset")
+    start.add_argument("--mode", choices=("offline", "online", "sft"), default="offline", help="how to use the dataset")
+    start.add_argument("--top-n", type=int, metavar="N", help="sft: completions trained per group, best first")
+    start.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        metavar="NAME[=WEIGHT]",
+        help="an environment of a mixed run, instead of ENVIRONMENT (repeat for each)",
+    )
     start.add_argument("--held-out", type=float, default=0.0, metavar="SHARE", help="share of prompts kept out")
     start.add_argument(
         "--reward",
@@ -247,6 +255,7 @@ def runs_start(client: ApiClient, args: argparse.Namespace) -> int:
     edits.update(_assignments(args.edits))
     body = {
         "environment": args.environment,
+        "environments": _rewards(args.mix) or None,  # the same NAME[=WEIGHT] shape as a reward
         "dataset": _dataset_source(args),
         "config": edits,
         "backend": args.backend,
@@ -290,7 +299,8 @@ def _dataset_source(args: argparse.Namespace) -> dict[str, Any] | None:
     """The request's `dataset` (the same model as POST /runs); the service says when both or neither are given."""
     if args.dataset is None:
         return None
-    return {"id": args.dataset, "mode": args.mode, "held_out": args.held_out, "rewards": _rewards(args.rewards)}
+    source = {"id": args.dataset, "mode": args.mode, "held_out": args.held_out, "rewards": _rewards(args.rewards)}
+    return source | ({"top_n": args.top_n} if args.top_n is not None else {})
 
 
 def _rewards(entries: list[str]) -> list[dict[str, Any]]:
