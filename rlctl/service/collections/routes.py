@@ -49,7 +49,7 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
             "GetJob": link("get_job", job_id="job_id"),
         },
     )
-    | error_responses(409, 413, 422),
+    | error_responses(404, 409, 413, 422),  # 404: a `model` naming a run that does not exist
     dependencies=[OPERATE],
 )
 async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> CollectionOut:
