@@ -163,6 +163,10 @@ def test_tool_errors_are_results_and_unknown_tools_are_404(service: Service) -> 
         missing = call(client, "rl_check_status", run_id="abc123")
         assert missing["code"] == "RUN_NOT_FOUND" and "error" in missing
         assert call(client, "rl_edit_config", field="group_size", value=4)["code"] == "VALIDATION_ERROR"
+        mixed = call(client, "rl_start_training", environments=[{"name": "echo", "weight": 2}, {"name": "nope"}])
+        assert mixed["code"] == "ENVIRONMENT_NOT_FOUND" and "nope" in mixed["error"], mixed
+        unweighted = call(client, "rl_start_training", environments=[{"name": "echo", "weight": 0}])
+        assert unweighted["code"] == "VALIDATION_ERROR" and unweighted["argument"].startswith("environments")
         assert client.post("/tools/rl_nope", json={}).status_code == 404
         assert client.post("/tools/rl_list_runs", json=[1, 2]).status_code == 422
         assert client.post("/tools/rl_list_runs", json={}, headers={"X-Tool-Session": "../x"}).status_code == 422

@@ -18,7 +18,7 @@ from rlctl.service.runs import service as runs
 from rlctl.service.runs.datasets import DATASET_ENVIRONMENTS
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.ratelimit import describe_interval, status_rule
-from rlctl.service.runs.schemas import CreateRunRequest, ResumeRunRequest
+from rlctl.service.runs.schemas import CreateRunRequest, EnvironmentShare, ResumeRunRequest
 from rlctl.service.states import RunStatus
 from rlctl.service.tools.registry import STATUS_RULE, Hints, NoArguments, Tool
 from rlctl.service.tools.schemas import (
@@ -114,6 +114,15 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
             dataset=args.dataset,
             config={k: v for k, v in pending.items() if k != "backend"},
             backend=args.backend or pending.get("backend"),
+            resources=args.resources,
+            priority=args.priority,
+            init_from=args.init_from,
+        )
+    elif args.environments is not None:  # a mixed run (docs/RUNS.md#mixed-environments)
+        request = CreateRunRequest(
+            environments=[EnvironmentShare(name=share.name, weight=share.weight) for share in args.environments],
+            config={k: v for k, v in state.pending_config.items() if k != "backend"},
+            backend=args.backend or state.pending_config.get("backend"),
             resources=args.resources,
             priority=args.priority,
             init_from=args.init_from,

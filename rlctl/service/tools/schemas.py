@@ -68,6 +68,14 @@ class EditConfigArgs(ToolArguments):
     value: ConfigValue = Field(description="The new value, of the field's type.")
 
 
+class MixedEnvironment(ToolArguments):
+    """One environment of a mixed run started by a tool: its name and weight, with the session's pending edits
+    (EnvironmentShare of POST /runs, less its own config: strict function-calling schemas take no free mapping)."""
+
+    name: str = Field(description="Environment name, e.g. echo.")
+    weight: float = Field(1.0, gt=0, le=1000, description="Its share of the rollouts, relative to the others'.")
+
+
 class StartTrainingArgs(ToolArguments):
     backend: Backend | None = Field(
         None, description="tinker (the Tinker service) or local (this machine); null: the server default."
@@ -86,6 +94,12 @@ class StartTrainingArgs(ToolArguments):
     )
     init_from: InitFrom | None = Field(
         None, description="A warm start: {run, step} of another run's checkpoint whose weights start this run."
+    )
+    environments: list[MixedEnvironment] | None = Field(
+        None,
+        max_length=8,
+        description="Several environments mixed in one run by weight, instead of the selected one; each takes the "
+        "pending config edits. Null: the selected environment.",
     )
 
 
