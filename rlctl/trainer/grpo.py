@@ -309,7 +309,8 @@ def step_metrics(
     token_stats: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """The metrics of one step (docs/TRAINER.md#metrics). Logprob means are over completion tokens only.
-    `token_stats`: sums over completion tokens the backend measured (`entropy_sum`, `kl_sum`, `tokens`)."""
+    `token_stats`: sums over completion tokens the backend measured (`entropy_sum` over `tokens`, `kl_sum` over
+    `kl_tokens`)."""
     sampler = completion_values(batch.data, [datum.sampler_logprobs or [] for datum in batch.data])
     training = completion_values(batch.data, training_logprobs) if training_logprobs else []
     trained_tokens = len(training)
@@ -338,6 +339,6 @@ def step_metrics(
     if stats.get("tokens"):
         if "entropy_sum" in stats:
             metrics["policy/entropy"] = stats["entropy_sum"] / stats["tokens"]
-        if "kl_sum" in stats:
-            metrics["kl/reference"] = stats["kl_sum"] / stats["tokens"]
+    if stats.get("kl_tokens"):
+        metrics["kl/reference"] = stats["kl_sum"] / stats["kl_tokens"]
     return metrics

@@ -81,6 +81,18 @@ def test_step_metrics_are_over_completion_tokens() -> None:
     assert all(math.isfinite(value) for value in metrics.values())
 
 
+def test_kl_is_averaged_over_the_tokens_it_was_measured_on() -> None:
+    """Without a penalty the backend measures KL on part of the step only: its mean is over those tokens."""
+    batch = prepare_batch([group([1.0, 0.0])], 100)
+    training = [[0.0, -1.0, -2.0], [0.0, -1.0, -2.0]]
+    stats = {"entropy_sum": 8.0, "tokens": 4.0, "kl_sum": 0.6, "kl_tokens": 2.0}
+    metrics = step_metrics(batch, training, 0.0, 0.01, token_stats=stats)
+    assert metrics["policy/entropy"] == pytest.approx(2.0)
+    assert metrics["kl/reference"] == pytest.approx(0.3)
+    unmeasured = step_metrics(batch, training, 0.0, 0.01, token_stats={"entropy_sum": 8.0, "tokens": 4.0})
+    assert "kl/reference" not in unmeasured
+
+
 def test_logprob_difference_is_reference_minus_training() -> None:
     batch = prepare_batch([group([1.0, 0.0])], 100)
     training = [[0.0, -1.25, -2.25], [0.0, -1.25, -2.25]]  # each completion token 0.25 below the sampler

@@ -46,7 +46,8 @@ class Completion:
 class ForwardBackwardResult:
     loss_sum: float
     logprobs: list[list[float]]  # per datum, aligned with its target tokens
-    # Sums over completion tokens where the backend measures them (local): entropy_sum, kl_sum, tokens.
+    # Sums over completion tokens where the backend measures them (local): entropy_sum over tokens, kl_sum over
+    # kl_tokens (all of them with a KL penalty, the first micro-batch's without).
     token_stats: dict[str, float] = field(default_factory=dict)
 
 

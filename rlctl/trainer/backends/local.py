@@ -192,25 +192,31 @@ class LocalBackend(TrainingBackend):
     def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
         result: list[list[float]] = [[] for _ in data]
         loss_sum = 0.0
-        stats = {"entropy_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0}
+        stats = {"entropy_sum": 0.0, "kl_sum": 0.0, "kl_tokens": 0.0, "tokens": 0.0}
         with self._lock:
-            for indices in _microbatches(data):
-                reference = self._reference_logprobs(data, indices)
+            for number, indices in enumerate(_microbatches(data)):
+                # The reference pass costs a no-grad forward: without a penalty, KL is only a metric, measured on
+                # the step's first micro-batch so the step stays at a bare forward/backward's cost otherwise.
+                measure_kl = self._config.kl_coef > 0 or number == 0
                 logits, mask = self._forward(data, indices)
                 logprobs = _logprobs_of(logits, self._targets(data, indices))
                 sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
                 completion = _pad([data[i].completion_mask for i in indices], 0.0, torch.float32, self._device)
-                # k3 estimate of KL(policy || reference) per token: non-negative, unbiased (Schulman)
-                log_ratio = reference - logprobs
-                kl = torch.exp(log_ratio) - log_ratio - 1
                 objective = self._objective(logprobs, sampler, advantages, completion)
-                loss = -(objective * mask).sum() + self._config.kl_coef * (kl * completion).sum()
+                loss = -(objective * mask).sum()
+                if measure_kl:
+                    # k3 estimate of KL(policy || reference) per token: non-negative, unbiased (Schulman)
+                    log_ratio = self._reference_logprobs(data, indices) - logprobs
+                    kl = torch.exp(log_ratio) - log_ratio - 1
+                    if self._config.kl_coef > 0:
+                        loss = loss + self._config.kl_coef * (kl * completion).sum()
+                    stats["kl_sum"] += float((kl.detach() * completion).sum())
+                    stats["kl_tokens"] += float(completion.sum())
                 loss.backward()
                 loss_sum += float(loss.detach())
                 with torch.no_grad():
                     stats["entropy_sum"] += float((_entropy(logits.detach()) * completion).sum())
-                    stats["kl_sum"] += float((kl.detach() * completion).sum())
                     stats["tokens"] += float(completion.sum())
                 detached = logprobs.detach()
                 for row, index in enumerate(indices):
