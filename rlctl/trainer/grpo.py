@@ -336,9 +336,8 @@ def step_metrics(
     if training_logprobs:
         metrics["policy/clip_fraction"] = clip_fraction(batch.data, training_logprobs, loss.clip_low, loss.clip_high)
     stats = token_stats or {}
-    if stats.get("tokens"):
-        if "entropy_sum" in stats:
-            metrics["policy/entropy"] = stats["entropy_sum"] / stats["tokens"]
+    if stats.get("tokens") and "entropy_sum" in stats:
+        metrics["policy/entropy"] = stats["entropy_sum"] / stats["tokens"]
     if stats.get("kl_tokens"):
         metrics["kl/reference"] = stats["kl_sum"] / stats["kl_tokens"]
     return metrics
