@@ -8,6 +8,15 @@ PORT ?= 8080
 # Packages the type checker covers (pyproject.toml's [tool.mypy] has its settings).
 TYPED_PACKAGES := rlctl
 
+# Third-party MCP clients that cannot share .venv (tests/clients/plan.py says why), each in its own environment
+# built from its lock (every package pinned, installed without resolving): tests/tools/test_clients.py runs them.
+CLIENTS_VENV := .venv-clients
+CLIENTS_LOCK := tests/clients/requirements.lock
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell cat $(CLIENTS_LOCK) | cksum | cut -d' ' -f1)
+AGENTS_VENV := .venv-agents
+AGENTS_LOCK := tests/clients/agents.lock
+AGENTS_STAMP := $(AGENTS_VENV)/.installed-$(shell cat $(AGENTS_LOCK) | cksum | cut -d' ' -f1)
+
 # The SkyRL lane (docs/SKYRL.md): SkyRL's Tinker-compatible server in its own Python 3.12 environment.
 SKYRL_PYTHON ?= $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null || \
 	PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^3\.12' | tail -1) \
@@ -16,7 +25,7 @@ SKYRL_VENV := .venv-skyrl
 SKYRL_LOCK := tests_skyrl/requirements.lock
 SKYRL_STAMP := $(SKYRL_VENV)/.installed-$(shell cat $(SKYRL_LOCK) | cksum | cut -d' ' -f1)
 
-.PHONY: install install-skyrl run test test-skyrl lint typecheck format clean
+.PHONY: install install-clients install-skyrl run test test-skyrl lint typecheck format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,8 +43,25 @@ run: install
 # Two workers: most of the suite's time is spent waiting on processes it started, not on its own CPU.
 TEST_WORKERS ?= 2
 
+# One side environment of third-party clients from its lock: $(call side_venv,VENV,LOCK,STAMP,IMPORT).
+define side_venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --no-deps -r $(2)
+	$(1)/bin/python -c 'import $(4)'
+	rm -f $(1)/.installed-*
+	touch $(3)
+endef
+
+$(CLIENTS_STAMP): $(CLIENTS_LOCK)
+	$(call side_venv,$(CLIENTS_VENV),$(CLIENTS_LOCK),$(CLIENTS_STAMP),mcp.client.streamable_http)
+
+$(AGENTS_STAMP): $(AGENTS_LOCK)
+	$(call side_venv,$(AGENTS_VENV),$(AGENTS_LOCK),$(AGENTS_STAMP),agents.mcp)
+
+install-clients: $(CLIENTS_STAMP) $(AGENTS_STAMP)
+
 # The slowest tests are listed at the end of the run (what a slow machine's run needs to be read).
-test: install lint
+test: install lint install-clients
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15
 
 $(SKYRL_STAMP): $(SKYRL_LOCK)
@@ -66,4 +92,4 @@ format: install
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(SKYRL_VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) $(AGENTS_VENV) $(SKYRL_VENV) .pytest_cache .ruff_cache .mypy_cache
