@@ -14,9 +14,10 @@ and the README's curl lines. Each runs the plan against one live service (local 
 
 Prints, per client: completed, tool calls, errors seen, seconds, and seconds against the baseline measured in the
 same run (REST naming its tool session, the one path that kept its state before issue 39). With a Python that has
-openai-agents (a scratch venv over .venv: it is not a dependency of rlctl), its MCP client is measured too; with
-RLCTL_BENCH_MCP1_PYTHON naming a Python that has mcp==1.26.0 (hermes-agent's pin, which cannot share a venv with
-rlctl's mcp 2.3), the previous major version of the mcp SDK too.
+openai-agents (a scratch venv over .venv: it is not a dependency of rlctl; tests/clients/agents.lock pins it), its
+MCP client is measured too; with RLCTL_BENCH_MCP1_PYTHON naming a Python that has mcp==1.26.0 (hermes-agent's pin,
+which cannot share a venv with rlctl's mcp 2.3; `make install-clients` builds one: .venv-clients/bin/python), the
+previous major version of the mcp SDK too.
 """
 
 from __future__ import annotations
