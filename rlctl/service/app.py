@@ -25,7 +25,12 @@ from rlctl.service.environments.routes import router as environments_router
 from rlctl.service.evaluations import jobs as evaluation_jobs
 from rlctl.service.evaluations.routes import router as evaluations_router
 from rlctl.service.health.routes import router as health_router
-from rlctl.service.http import BodySizeLimitMiddleware, RequestIdMiddleware, install_error_handlers
+from rlctl.service.http import (
+    BodySizeLimitMiddleware,
+    PathPresentingMiddleware,
+    RequestIdMiddleware,
+    install_error_handlers,
+)
 from rlctl.service.inference_tests import jobs as inference_test_jobs
 from rlctl.service.inference_tests.routes import router as inference_tests_router
 from rlctl.service.jobs.routes import router as jobs_router
@@ -136,6 +141,7 @@ def create_app(
     app.include_router(run_node_router)  # runs on Ray: each call carries its run's secret (docs/RAY.md)
     mcp_route = Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"])
     app.router.routes.append(mcp_route)
+    app.add_middleware(PathPresentingMiddleware, settings=context.settings)  # innermost: around every handler
     app.add_middleware(BodySizeLimitMiddleware, limit_for=_body_limit(context))
     # Outside the body limit: a caller without a valid token is answered before any byte of its body is read.
     app.add_middleware(

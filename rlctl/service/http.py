@@ -22,6 +22,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from rlctl.service.errors import ClientGone, InvalidValue, PayloadTooLarge, RateLimited, ServiceError
 from rlctl.service.observability import request_id_var, scrub_json
+from rlctl.service.schemas import present_paths_in, presenting_paths
+from rlctl.service.settings import Settings
 
 logger = logging.getLogger("rlctl.http")
 
@@ -54,6 +56,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # An error may carry text of untrusted code (an environment's import traceback): no secret leaves in it.
         scrub = request.app.state.context.scrub
         exc.message, exc.details = scrub(exc.message), scrub_json(exc.details, scrub)
+        exc.message, exc.details = present_paths_in(exc.message), present_paths_in(exc.details)  # a locked path
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -134,6 +137,20 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
+
+
+class PathPresentingMiddleware:
+    """Every response of the request shows server paths relative to their roots (docs/SECURITY.md)."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with presenting_paths(self.settings):
+            await self.app(scope, receive, send)
 
 
 class BodySizeLimitMiddleware:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import PurePosixPath
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PlainSerializer
+
+from rlctl.service.settings import Settings
 
 
 class ErrorDetail(BaseModel):
@@ -85,3 +91,76 @@ class CheckpointRef(BaseModel):
 
     run_id: str
     step: int
+
+
+# --- paths in responses (docs/SECURITY.md#paths-in-responses) ---
+# Paths are stored absolute (runs, tools and the CLI's tests read them); a response shows each one relative to the
+# root it lies under, so no caller learns the server's filesystem layout. The roots are the request's (set by
+# `presenting_paths` around every HTTP request and tool call); outside one (a job storing its result), paths stay.
+_PATH_ROOTS: ContextVar[tuple[tuple[str, str], ...] | None] = ContextVar("rlctl_path_roots", default=None)
+
+
+def path_roots(settings: Settings) -> tuple[tuple[str, str], ...]:
+    """(absolute root, shown prefix), most specific first: the data directory shows as '' (runs/<id>/...), an
+    environment directory by its name (environments/gsm8k.py)."""
+    roots = [(str(settings.data_path), "")]
+    roots += [(str(d), d.name) for d in settings.environment_directories if not d.is_relative_to(settings.data_path)]
+    return tuple(roots)
+
+
+@contextmanager
+def presenting_paths(settings: Settings) -> Iterator[None]:
+    token = _PATH_ROOTS.set(path_roots(settings))
+    try:
+        yield
+    finally:
+        _PATH_ROOTS.reset(token)
+
+
+def _under_root(text: str, roots: tuple[tuple[str, str], ...]) -> str | None:
+    for root, prefix in roots:
+        if text == root or text.startswith(root.rstrip("/") + "/"):
+            rest = text[len(root) :].lstrip("/")
+            return "/".join(p for p in (prefix, rest) if p) or "."
+    return None
+
+
+def present_path(value: str | None) -> str | None:
+    """An absolute server path as a response shows it: relative to its root, or its last part when it lies under
+    none (a setting's directory outside the data directory)."""
+    roots = _PATH_ROOTS.get()
+    if value is None or roots is None or not value.startswith("/"):
+        return value
+    return _under_root(value, roots) or PurePosixPath(value).name
+
+
+def _relative_text(text: str, roots: tuple[tuple[str, str], ...]) -> str:
+    for root, prefix in roots:
+        if text == root:
+            return prefix or "."
+        text = text.replace(root.rstrip("/") + "/", f"{prefix}/" if prefix else "")
+    return text
+
+
+def present_paths_in(value: Any) -> Any:
+    """Text or free-form JSON (a command, a job's result, a checkpoint's record) with each server path in its
+    strings shown relative to its root; the rest of the text stays as it is."""
+    roots = _PATH_ROOTS.get()
+    if roots is None:
+        return value
+    if isinstance(value, str):
+        return _relative_text(value, roots)
+    if isinstance(value, dict):
+        return {k: present_paths_in(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [present_paths_in(v) for v in value]
+    return value
+
+
+# A field holding a server path; JSON holding some (free-form objects whose strings may be paths).
+ServerPath = Annotated[str, PlainSerializer(present_path, return_type=str)]
+ServerText = Annotated[str, PlainSerializer(present_paths_in, return_type=str)]  # a command naming a path
+ServerPaths = Annotated[dict[str, str], PlainSerializer(present_paths_in, return_type=dict[str, str])]
+ServerJson = Annotated[dict[str, Any], PlainSerializer(present_paths_in, return_type=dict[str, Any])]
+ServerValue = Annotated[Any, PlainSerializer(present_paths_in)]  # a config value: a locked tokenizer directory
+ServerJsonList = Annotated[list[dict[str, Any]], PlainSerializer(present_paths_in, return_type=list[dict[str, Any]])]

@@ -92,7 +92,7 @@ def test_a_written_environment_is_discovered_described_and_versioned(live: LiveS
         "name_clash",
         "import",
     ]
-    assert Path(body["file_path"]).parent == live.settings.managed_environments_dir
+    assert (live.settings.data_path / body["file_path"]).parent == live.settings.managed_environments_dir
     listed = {e["name"] for e in admin.get("/environments").json()["environments"]}
     assert {"echo", "echo_variant"} <= listed
     detail = admin.get("/environments/echo_variant").json()

@@ -151,7 +151,7 @@ def test_secrets_printed_or_raised_by_the_environment_are_scrubbed(
         test = wait_ended(client, created.json()["id"])
     outcome = test["result"]["models_tested"][0]
     assert outcome["status"] == "failed" and "refusing to run with key ***" in outcome["error"]
-    log = Path(outcome["files"]["log"]).read_text()
+    log = (settings.data_path / outcome["files"]["log"]).read_text()
     assert "the key is ***" in log and PLANTED_KEY not in log
     assert PLANTED_KEY not in json.dumps(test) and PLANTED_KEY not in stored_jobs(settings)
 

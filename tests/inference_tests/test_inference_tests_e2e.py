@@ -111,7 +111,7 @@ def test_two_models_complete_and_an_unknown_one_fails_alone(
     assert summary["steps_requested"] == 2 and summary["models_tested"] == 3 and summary["models_succeeded"] == 2
     assert summary["best_model"] == SERVED_MODELS[accuracies.index(max(accuracies))]
     assert summary["avg_accuracy"] == pytest.approx(sum(accuracies) / 2, abs=1e-4)
-    assert summary["environment_working"] is True and summary["output_directory"] == str(output_dir)
+    assert summary["environment_working"] is True and summary["output_directory"] == "logs/rl_training/inference_tests"
 
     module = load_environment(environment)
     gold = {}
@@ -121,8 +121,8 @@ def test_two_models_complete_and_an_unknown_one_fails_alone(
     for model in models:
         stem = f"test_{environment}_{model.replace('/', '_')}"
         assert by_model[model]["files"] == {
-            "jsonl": str(output_dir / f"{stem}.jsonl"),
-            "log": str(output_dir / f"{stem}.log"),
+            "jsonl": f"logs/rl_training/inference_tests/{stem}.jsonl",  # relative to the data directory
+            "log": f"logs/rl_training/inference_tests/{stem}.log",
         }
         lines = [json.loads(line) for line in (output_dir / f"{stem}.jsonl").read_text().splitlines()]
         assert [line["scores"] for line in lines] == [s["scores"] for s in by_model[model]["steps"]]

@@ -83,7 +83,7 @@ def test_an_online_run_samples_the_prompts_and_trains_on_the_judges_group_scores
             created = response.json()
             assert created["environment"] == "dataset_online" and created["dataset_mode"] == "online"
             assert created["dataset"]["counts"] == {"prompts": 8, "train_prompts": 6, "held_out_prompts": 2}
-            merged_text = Path(created["config_path"]).read_text()
+            merged_text = (settings.data_path / created["config_path"]).read_text()
             merged = yaml.safe_load(merged_text)
             assert [r["name"] for r in merged["env"]["rewards"]] == ["judge", "completion", "echo"]
             assert merged["env"]["rewards"][2]["file"].endswith("echo.py")

@@ -5,7 +5,6 @@ split and its lineage. The online run is in test_dataset_judge_runs.py (its rewa
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -128,7 +127,7 @@ def test_an_offline_run_trains_on_the_stored_completions(run_service: LiveServic
             "trainable_groups": 4,
             "smaller_than_group_size": 0,
         }
-        merged = yaml.safe_load(Path(created["config_path"]).read_text())
+        merged = yaml.safe_load((run_service.settings.data_path / created["config_path"]).read_text())
         assert merged["env"]["groups_path"].startswith(str(run_service.settings.data_path))
         assert (merged["env"]["epochs"], merged["env"]["total_steps"], merged["tinker"]["total_steps"]) == (2, 4, 4)
 
@@ -140,7 +139,7 @@ def test_an_offline_run_trains_on_the_stored_completions(run_service: LiveServic
         assert all(value > 0 for _, value in series["batch/trained_tokens"])
         assert [value for _, value in series["reward/mean"]] == [0.5] * 4  # the stored rewards: 2, 0, 0, 0 per group
         results = client.get(f"/runs/{run_id}/results").json()
-        assert results["weights"] and Path(results["weights"]).exists()
+        assert results["weights"] and (run_service.settings.data_path / results["weights"]).exists()
 
         held_out = client.get(f"/runs/{run_id}/prompts", params={"split": "held_out"}).json()
         train = client.get(f"/runs/{run_id}/prompts", params={"split": "train"}).json()

@@ -4,7 +4,6 @@ trajectory API. The requests a mix refuses, on both databases; a mixed echo run 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import yaml
@@ -71,12 +70,13 @@ def test_a_mixed_run_records_each_environment_and_its_weight(service: Service) -
             {"name": "echo", "weight": 3.0, "metric_prefix": "env/0.echo/"},
             {"name": "echo", "weight": 1.0, "metric_prefix": "env/1.echo/"},
         ]
-        run_dir = Path(run["config_path"]).parent
+        run_dir = (service.settings.data_path / run["config_path"]).parent
         members = [yaml.safe_load((run_dir / f"config.env{i}.yaml").read_text()) for i in (0, 1)]
         assert [m["env"]["inference_weight"] for m in members] == [3.0, 1.0]
         assert [m["env"]["digits"] for m in members] == [4, 2]
         assert [m["env"]["seed"] for m in members] == [1, 7]  # the run's config, under each one's own edits
-        assert all(m["tinker"] == run["config"]["tinker"] for m in members)
+        merged = yaml.safe_load((service.settings.data_path / run["config_path"]).read_text())
+        assert all(m["tinker"] == merged["tinker"] for m in members)  # the answer shows its paths relative
         assert client.post(f"/runs/{run['id']}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
 
 

@@ -40,7 +40,7 @@ def test_an_offline_run_completes_on_its_own(run_service: Service) -> None:
         created = start(client, config={"group_size": 8, "batch_size": 32})
         assert created["status"] in ("pending", "starting")
         run_id = created["id"]
-        assert Path(created["config_path"]).exists()
+        assert (run_service.settings.data_path / created["config_path"]).exists()  # relative to it
         wait_for_status(client, run_id, {"running", "completed"}, timeout=240)
         # metrics grow while it runs
         first = wait_until(
@@ -59,7 +59,7 @@ def test_an_offline_run_completes_on_its_own(run_service: Service) -> None:
         )
         results = client.get(f"/runs/{run_id}/results").json()
         assert results["status"] == "completed"
-        assert results["weights"] and Path(results["weights"]).exists()
+        assert results["weights"] and (run_service.settings.data_path / results["weights"]).exists()
         assert [c["step"] for c in results["checkpoints"]][-1] == 6
         assert results["final_metrics"]["reward/mean"] == series["reward/mean"][-1][1]
         for role in ("api", "trainer", "env"):

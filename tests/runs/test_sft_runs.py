@@ -5,7 +5,6 @@ the real lifecycle whose loss on the kept completions falls."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import yaml
@@ -64,7 +63,7 @@ def test_an_sft_run_lowers_the_loss_of_the_kept_completions(run_service: LiveSer
         assert response.status_code == 201, response.text
         created = response.json()
         assert (created["environment"], created["dataset_mode"]) == ("dataset_offline", "sft")
-        merged = yaml.safe_load(Path(created["config_path"]).read_text())
+        merged = yaml.safe_load((run_service.settings.data_path / created["config_path"]).read_text())
         assert merged["env"]["sft_top_n"] == 1
         assert (merged["tinker"]["loss_fn"], merged["tinker"]["advantage_normalization"]) == ("cross_entropy", "none")
         assert created["total_steps"] == 4 * 6 * 4 // 8

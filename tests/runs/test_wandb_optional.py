@@ -107,8 +107,8 @@ def test_a_bad_wandb_is_a_warning_on_the_new_run_not_a_failure(
             run = create(standin.url)
             assert ("POST", "/graphql") in standin.requests
     assert [w["code"] for w in run["warnings"]] == [code]
-    assert run["wandb"]["mode"] == "offline" and run["wandb"]["offline_dir"].endswith(f"{run['id']}/wandb")
-    assert "wandb sync" in run["warnings"][0]["message"] and KEY not in str(run)
+    assert run["wandb"]["mode"] == "offline" and run["wandb"]["offline_dir"] == f"runs/{run['id']}/wandb"
+    assert f"wandb sync runs/{run['id']}/wandb" in run["warnings"][0]["message"] and KEY not in str(run)
 
 
 def test_a_run_trains_to_the_end_while_wandb_never_answers(run_settings: Callable[..., Any]) -> None:
@@ -128,9 +128,9 @@ def test_a_run_trains_to_the_end_while_wandb_never_answers(run_settings: Callabl
             series = client.get(f"/runs/{run_id}/metrics").json()["metrics"]
             assert final["last_step"] == 6 and len(series["reward/mean"]) == 6
             assert "train/percent_correct" in series  # the environment's metrics too
-            offline_dir = Path(final["wandb"]["offline_dir"])
+            offline_dir = settings.data_path / final["wandb"]["offline_dir"]
             assert list(offline_dir.glob("offline-run-*")), "no offline W&B files where the run says they are"
-            config = Path(final["config_path"]).read_text()
+            config = (settings.data_path / final["config_path"]).read_text()
         texts = [p.read_text(errors="replace") for p in settings.data_path.rglob("*") if p.suffix in (".log", ".yaml")]
     assert config.count("use_wandb: true") == 1
     assert not any(KEY in text for text in texts)

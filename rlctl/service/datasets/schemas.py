@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlctl.service.names import NAME_PATTERN
 from rlctl.service.rewards.schemas import JudgeChoice, RewardSpec
-from rlctl.service.schemas import CheckpointRef
+from rlctl.service.schemas import CheckpointRef, ServerPath
 
 UploadFormat = Literal[
     "auto",
@@ -57,7 +57,7 @@ class TrainedRun(BaseModel):
     id: str
     mode: str = Field(description="offline or online")
     status: str
-    weights: str | None = Field(description="The run's newest trained weights, once it has any.")
+    weights: ServerPath | None = Field(description="The run's newest trained weights, once it has any.")
     created_at: datetime
 
 

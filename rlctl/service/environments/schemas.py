@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlctl.service.schemas import ServerPath, ServerValue
 from rlctl.service.settings import Backend
 
 # The shipped environments that train a dataset's records (environments/dataset_*.py): a run of one is started
@@ -17,7 +18,7 @@ DATASET_ONLY = frozenset({DATASET_OFFLINE, DATASET_ONLINE})
 class EnvironmentSummary(BaseModel):
     name: str
     class_name: str
-    file_path: str
+    file_path: ServerPath
     description: str
     config_class: str | None
     trainable_by_name: bool = Field(
@@ -28,7 +29,7 @@ class EnvironmentSummary(BaseModel):
 
 class CatalogError(BaseModel):
     name: str
-    file_path: str
+    file_path: ServerPath
     error: str
 
 
@@ -48,7 +49,7 @@ class ConfigurableFieldOut(BaseModel):
 class LockedFieldOut(BaseModel):
     name: str
     type: str
-    value: Any = None
+    value: ServerValue = None
     description: str
 
 
@@ -113,7 +114,7 @@ class EnvironmentWritten(BaseModel):
     hash: str
     version: int
     created: bool = Field(description="True when the environment did not exist before.")
-    file_path: str
+    file_path: ServerPath
     validation: ValidationReport
 
 

@@ -10,6 +10,7 @@ from rlctl.service.jobs.schemas import JobProgress
 from rlctl.service.names import NAME_PATTERN
 from rlctl.service.rewards.schemas import JudgeChoice, RewardSpec
 from rlctl.service.runs.schemas import PromptSplit
+from rlctl.service.schemas import ServerPath
 from rlctl.service.states import JobStatus
 
 FIELD_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
@@ -41,7 +42,7 @@ class EvaluationRequest(BaseModel):
 
 class EvaluationModelResult(BaseModel):
     name: str = Field(description="base, or step_N")
-    weights: str | None = Field(
+    weights: ServerPath | None = Field(
         description="The checkpoint's weights: a local adapter directory or a tinker:// sampler URI; null for base."
     )
     mean_reward: float | None = Field(

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rlctl.service.jobs.schemas import JobProgress
 from rlctl.service.names import NAME_PATTERN
+from rlctl.service.schemas import ServerPath, ServerPaths
 from rlctl.service.states import JobStatus
 
 DEFAULT_MODELS = ("qwen/qwen3-8b", "z-ai/glm-4.7-flash", "minimax/minimax-m2.7")
@@ -96,7 +97,7 @@ class ModelResult(BaseModel):
     latency: Latency
     error: str | None
     wall_time_s: float
-    files: dict[str, str] = Field(description="`jsonl` (one line per step) and `log` of this model's run.")
+    files: ServerPaths = Field(description="`jsonl` (one line per step) and `log` of this model's run.")
 
 
 class InferenceTestSummary(BaseModel):
@@ -106,7 +107,7 @@ class InferenceTestSummary(BaseModel):
     best_model: str | None
     avg_accuracy: float | None = Field(description="Mean accuracy of the models that succeeded.")
     environment_working: bool = Field(description="At least one model's completions were all produced and scored.")
-    output_directory: str
+    output_directory: ServerPath
 
 
 class InferenceTestResult(BaseModel):

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rlctl.service.schemas import ServerJson
 from rlctl.service.states import JobStatus
 
 
@@ -21,7 +22,7 @@ class JobOut(BaseModel):
     status: JobStatus
     progress: JobProgress
     params: dict[str, Any]
-    result: dict[str, Any] | None
+    result: ServerJson | None
     error: str | None
     created_at: datetime
     started_at: datetime | None

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlctl.service.names import NAME_PATTERN
 from rlctl.service.rewards.schemas import JudgeChoice, RewardSpec
-from rlctl.service.schemas import ErrorBody
+from rlctl.service.schemas import ErrorBody, ServerJson, ServerJsonList, ServerPath, ServerPaths, ServerText
 from rlctl.service.settings import Backend
 from rlctl.service.states import ProcessStatus, RunStatus
 
@@ -169,11 +169,11 @@ class CreateRunRequest(BaseModel):
 
 class Failure(BaseModel):
     kind: str = Field(description="process_exited, readiness_timeout, startup_error, drain_timeout, owner_lost")
-    message: str
+    message: ServerText
     process: str | None = None
     exit_code: int | None = None
     signal: int | None = None
-    log_tail: list[str] = Field(default_factory=list)
+    log_tail: list[ServerText] = Field(default_factory=list)
 
 
 class ProcessOut(BaseModel):
@@ -182,7 +182,7 @@ class ProcessOut(BaseModel):
     status: ProcessStatus
     exit_code: int | None
     signal: int | None
-    log_path: str | None
+    log_path: ServerPath | None
     started_at: datetime | None = None
     ended_at: datetime | None = None
 
@@ -213,7 +213,7 @@ class RunWarning(BaseModel):
         "wandb_unreachable, wandb_key_rejected, wandb_offline (W&B logs offline; see `wandb`), wandb_log_failed"
     )
     parameter: str | None
-    message: str
+    message: ServerText
 
 
 class Collapse(BaseModel):
@@ -228,20 +228,20 @@ class Collapse(BaseModel):
 class WandbState(BaseModel):
     mode: Literal["online", "offline", "disabled"]
     reason: str | None = Field(None, description="Why the run logs offline, when W&B failed the check.")
-    offline_dir: str | None = Field(None, description="Where the offline W&B files are.")
-    sync_command: str | None = Field(None, description="How to upload them to W&B later.")
+    offline_dir: ServerPath | None = Field(None, description="Where the offline W&B files are.")
+    sync_command: ServerText | None = Field(None, description="How to upload them to W&B later.")
 
 
 class RunOut(RunSummary):
     created_by: str | None = Field(description="The name of the token that created the run (never the token).")
     environment_hash: str | None = Field(description="SHA-256 of the environment's source when the run was created.")
-    config: dict[str, Any]
-    config_path: str | None
+    config: ServerJson
+    config_path: ServerPath | None
     wandb_project: str | None
     wandb_url: str | None
     wandb: WandbState | None = Field(None, description="How the run reaches W&B.")
     failure: Failure | None
-    weights: str | None
+    weights: ServerPath | None
     environments: list[dict[str, Any]] | None = Field(
         None, description="A mixed run's environments: name, weight and metric prefix of each."
     )
@@ -258,7 +258,7 @@ class RunOut(RunSummary):
     executor: str = Field("local", description="Where its processes run: local or ray (docs/RUNS.md#executors).")
     executor_handle: str | None = Field(None, description="The executor's id of the run (a Ray submission id).")
     updated_at: datetime
-    logs: dict[str, str]
+    logs: ServerPaths
     processes: list[ProcessOut]
 
 
@@ -282,7 +282,7 @@ class LiveProcess(BaseModel):
     status: ProcessStatus = Field(description="running, exited or unknown (pending before it was started)")
     exit_code: int | None
     signal: int | None
-    log_path: str | None
+    log_path: ServerPath | None
 
 
 class RunSnapshot(RunSummary):
@@ -299,7 +299,7 @@ class RunSnapshot(RunSummary):
     wandb_project: str | None
     wandb_url: str | None
     failure: Failure | None
-    logs: dict[str, str]
+    logs: ServerPaths
 
 
 class RunStatusOut(RunSnapshot):
@@ -325,9 +325,9 @@ class RunResults(RunSummary):
     final_step: int | None
     final_metrics: dict[str, float]
     history: dict[str, list[list[float]]]
-    checkpoints: list[dict[str, Any]]
-    weights: str | None = Field(description="Local adapter directory or tinker:// URI of the final weights.")
-    best_checkpoint: dict[str, Any] | None = Field(
+    checkpoints: ServerJsonList
+    weights: ServerPath | None = Field(description="Local adapter directory or tinker:// URI of the final weights.")
+    best_checkpoint: ServerJson | None = Field(
         description="The checkpoint with the best mean of the run's best_metric: {step, path, weights, value}."
     )
     collapse: Collapse | None = Field(description="Set when the run collapsed, with the step where it began.")

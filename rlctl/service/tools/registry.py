@@ -22,6 +22,7 @@ from rlctl.service.auth.scopes import Scope
 from rlctl.service.context import AppContext
 from rlctl.service.errors import NotFound, ServiceError
 from rlctl.service.runs.ratelimit import status_rule
+from rlctl.service.schemas import present_paths_in, presenting_paths
 from rlctl.service.settings import Settings
 from rlctl.service.tools.json_schemas import JsonSchema, output_schema, strict_input_schema, without_default_nulls
 from rlctl.service.tools.sessions import SESSION_ARGUMENT, SESSION_ARGUMENT_SCHEMA, SessionState
@@ -139,10 +140,12 @@ def invoke(ctx: AppContext, tool: Tool[Any], state: SessionState, arguments: Any
     except ValidationError as error:
         return argument_problem(tool, error)
     try:
-        return tool.handler(ctx, state, parsed).model_dump(mode="json")
+        with presenting_paths(ctx.settings):  # MCP calls run outside the request's context
+            return tool.handler(ctx, state, parsed).model_dump(mode="json")
     except ServiceError as error:
         # details may hold any value (a locked datetime, a path)
-        encoded: dict[str, Any] = jsonable_encoder(error_result(error))
+        with presenting_paths(ctx.settings):
+            encoded: dict[str, Any] = present_paths_in(jsonable_encoder(error_result(error)))
         return encoded
     except Exception:  # noqa: BLE001 - an agent gets a result, never a 500
         logger.exception("tool %s failed", tool.name)

@@ -42,6 +42,7 @@ from rlctl.service.runs.schemas import (
     LiveProcess,
     RunResources,
 )
+from rlctl.service.schemas import ServerJson, ServerJsonList, ServerPath, ServerPaths, ServerValue
 from rlctl.service.settings import Backend
 from rlctl.service.states import JobStatus, RunStatus
 from rlctl.service.tools.registry import ToolArguments
@@ -171,7 +172,7 @@ class EnvironmentBrief(BaseModel):
     name: str
     description: str
     class_name: str
-    file_path: str
+    file_path: ServerPath
     trainable_by_name: bool = Field(
         description="False for dataset_offline / dataset_online: train those with rl_start_training's `dataset`."
     )
@@ -187,7 +188,7 @@ class EnvironmentsResult(BaseModel):
 class SelectedResult(BaseModel):
     message: str
     environment: str
-    file_path: str
+    file_path: ServerPath
     description: str
 
 
@@ -203,7 +204,7 @@ class LockedField(BaseModel):
     name: str
     type: str
     description: str
-    locked_value: Any = None
+    locked_value: ServerValue = None
 
 
 class CurrentConfigResult(BaseModel):
@@ -218,7 +219,7 @@ class EditedResult(BaseModel):
     message: str
     field: str
     value: ConfigValue
-    config: dict[str, Any]
+    config: ServerJson
 
 
 class StartedResult(BaseModel):
@@ -227,11 +228,11 @@ class StartedResult(BaseModel):
     environment: str
     dataset_id: str | None = None
     backend: Backend
-    config: dict[str, Any]
+    config: ServerJson
     wandb_project: str | None
     wandb_run_name: str | None
-    config_path: str | None
-    logs: dict[str, str]
+    config_path: ServerPath | None
+    logs: ServerPaths
     message: str
 
 
@@ -247,7 +248,7 @@ class StatusResult(BaseModel):
     wandb_project: str | None
     wandb_run_name: str | None
     wandb_url: str | None
-    logs: dict[str, str]
+    logs: ServerPaths
     live: bool = Field(description="False for an ended run: its final state, outside the rate limit.")
     next_check_in_seconds: float
     rate_limited: Literal[False] = Field(description="Always false here: the check was answered.")
@@ -276,10 +277,10 @@ class ResultsResult(BaseModel):
     total_steps: int | None
     final_metrics: dict[str, float]
     history: dict[str, list[list[float]]] = Field(description="Main metrics, [[step, value], ...], downsampled.")
-    weights: str | None
-    best_checkpoint: dict[str, Any] | None = Field(description="The checkpoint with the best mean best_metric.")
+    weights: ServerPath | None
+    best_checkpoint: ServerJson | None = Field(description="The checkpoint with the best mean best_metric.")
     collapse: dict[str, Any] | None = Field(description="Set when the run collapsed: the step where it began.")
-    checkpoints: list[dict[str, Any]] = Field(description="The last few checkpoints.")
+    checkpoints: ServerJsonList = Field(description="The last few checkpoints.")
     wandb_project: str | None
     wandb_run_name: str | None
     wandb_url: str | None
