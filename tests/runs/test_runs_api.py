@@ -183,7 +183,7 @@ def test_a_record_lists_its_processes_in_the_order_they_were_recorded(service: S
         "status": "exited",
         "exit_code": 0,
         "signal": None,
-        "log_path": "/logs/trainer.log",
+        "log_path": "trainer.log",  # outside the data directory: its last part (docs/SECURITY.md)
         "started_at": "2026-03-04T05:06:07.120000Z",
         "ended_at": "2026-03-04T06:06:07.120000Z",
     }
