@@ -1,14 +1,15 @@
 """Tool lookup: call `lookup(key)` to read a secret value, then answer with it. A multi-turn tool task the tiny local
 model learns online (docs/TOOL_ENVIRONMENTS.md#tool_lookup).
 
-    python environments/tool_lookup.py prime               # the primed tiny model, once (about a minute of CPU)
+    python environments/tool_lookup.py prime               # the primed tiny model, once (about 30 s of CPU)
     python environments/tool_lookup.py serve --config RUN.yaml
 
 Each task hides a random `digits`-digit value behind the environment's one key. An episode: the policy calls
-`lookup` (a pure-Python tool), reads the result in the tool turn, and answers; the reward is 1 when the final
-answer contains the value, else 0. The tiny random model never writes a tool call by chance, so its base is a
-briefly primed copy (`prime`, rlctl/environment_kit/priming.py) that gets the format and the copy right on some
-tasks, for RL to raise (measured: not reliably within 24 steps, see docs/TOOL_ENVIRONMENTS.md#tool_lookup).
+`lookup` (a pure-Python tool), reads the result in the tool turn, and answers. The reward is half for a call of
+`lookup` that returned the value and half for a final answer whose first number is the value. The tiny random
+model never writes a tool call by chance, so its base is a briefly primed copy (`prime`,
+rlctl/environment_kit/priming.py) that calls the tool in about half the episodes and rarely copies the value
+right, for RL to raise (measured: docs/TOOL_ENVIRONMENTS.md#tool_lookup).
 """
 
 from __future__ import annotations
@@ -30,14 +31,21 @@ from rlctl.trajectories.tool_calls import split_tool_calls
 
 DIGITS = "0123456789"
 PRIMED_SUBDIR = Path("models") / "tiny-qwen3-tool_lookup"
-PRIMING_STEPS, PRIMING_LEARNING_RATE = 150, 1e-2  # then about 0.9 tool calls and 0.2 reward an episode
+# Primed to call the tool in about half the episodes (and to copy the value rarely): RL has both to raise.
+PRIMING_STEPS, PRIMING_LEARNING_RATE = 80, 1e-2
 
 
-def answer_contains_value(task: ToolTask, episode: Episode) -> float:
-    """1 when the policy's final answer (its last reply, outside any tool call) contains the value as its first
-    number: an answer listing many numbers, which would contain any value, gets nothing."""
+def answer_is_value(task: ToolTask, episode: Episode) -> float:
+    """1 when the policy's final answer (its last reply, outside any tool call) has the value as its first number:
+    an answer listing many numbers, which would contain any value, gets nothing."""
     numbers = re.findall(r"\d+", split_tool_calls(episode.final_reply).content)
     return 1.0 if numbers and numbers[0] == task.data["value"] else 0.0
+
+
+def looked_up(task: ToolTask, episode: Episode) -> float:
+    """1 when a call of `lookup` returned the value (the right key): the step the answer depends on, credited
+    once however often it is called, so calling again earns nothing."""
+    return 1.0 if any(call.name == "lookup" and not failed for call, _, failed in episode.tool_results) else 0.0
 
 
 def lookup_tool(stored_key: str, value: str) -> Tool:
@@ -102,7 +110,7 @@ class ToolLookupEnv(ToolEnv):
 
     name = "tool_lookup"
     env_config_cls = ToolLookupConfig
-    rewards = ((answer_contains_value, 1.0),)
+    rewards = ((looked_up, 0.5), (answer_is_value, 0.5))
 
     def __init__(self, config: ToolLookupConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
         super().__init__(config, server_configs, slurm, testing)

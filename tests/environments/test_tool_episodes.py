@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.tool_lookup import answer_contains_value, demonstration, lookup_task
+from environments.tool_lookup import answer_is_value, demonstration, looked_up, lookup_task
 from rlctl.environment_kit.agents import (
     MASKED,
     Sampled,
@@ -105,7 +105,8 @@ def test_an_episode_is_the_chat_templates_conversation_with_only_the_policys_tok
     assert tokenizer.decode(prompts[1]).endswith(f"<|im_start|>tool\n{value}<|im_end|>\n<|im_start|>assistant\n")
     assert (episode.stats.turns, episode.stats.tool_calls, episode.stats.failed_calls) == (2, 1, 0)
     assert not episode.stats.truncated
-    assert answer_contains_value(task, episode) == 0.0  # "VALUE" is not the value
+    assert answer_is_value(task, episode) == 0.0  # "VALUE" is not the value
+    assert looked_up(task, episode) == 1.0  # but the call returned it
 
 
 def test_the_answer_is_rewarded_and_failed_calls_are_shown_to_the_policy(template: Template) -> None:
@@ -114,11 +115,13 @@ def test_the_answer_is_rewarded_and_failed_calls_are_shown_to_the_policy(templat
     assert "no value under 'door'" in template.tokenizer.decode(prompts[1])
     assert (episode.stats.turns, episode.stats.tool_calls, episode.stats.failed_calls) == (3, 2, 1)
     right = episode_on(template, [CALL, f"The code is {value}"])[1]
-    assert answer_contains_value(task, right) == 1.0
+    assert answer_is_value(task, right) == 1.0
+    assert answer_is_value(task, episode_on(template, [f"0123456789 {value}"])[1]) == 0.0  # listing every digit
+    assert looked_up(task, episode_on(template, [CALL.replace('"code"', '"door"'), "1"])[1]) == 0.0  # failed call
     metrics = episode_metrics([episode, right])
     assert metrics["agent/turns_per_episode"] == 2.5 and metrics["agent/tool_calls_per_episode"] == 1.5
     assert metrics["agent/failed_call_share"] == pytest.approx(1 / 3)
-    assert compose([(answer_contains_value, 0.5), (lambda _t, e: float(e.stats.turns), 0.1)], task, right) == 0.7
+    assert compose([(answer_is_value, 0.5), (lambda _t, e: float(e.stats.turns), 0.1)], task, right) == 0.7
 
 
 def test_max_turns_and_max_tokens_truncate(template: Template) -> None:
