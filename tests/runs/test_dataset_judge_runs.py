@@ -112,7 +112,10 @@ def test_an_online_run_samples_the_prompts_and_trains_on_the_judges_group_scores
     # the judge saw the policy's own completions of one prompt, as a group, with the request's model and rubric
     assert len([r for r in requests if RUBRIC in r["messages"][0]["content"]]) >= 12 + OUTAGE_REQUESTS
     assert all(r["model"] == "rule-judge" for r in requests)
-    assert all(len(TRAJECTORY.findall(r["messages"][1]["content"])) == 4 for r in requests)
+    # a training group holds the run's 4 completions of a prompt; the held-out evaluation (every run evaluates:
+    # steps_per_eval is at most half of total_steps) judges one completion per prompt
+    sizes = [len(TRAJECTORY.findall(r["messages"][1]["content"])) for r in requests]
+    assert set(sizes) <= {1, 4} and sizes.count(4) >= 12 + OUTAGE_REQUESTS, sizes
     assert all("[human] Echo: " in r["messages"][1]["content"] for r in requests)
     assert any("completed the user's task" in r["messages"][0]["content"] for r in requests)
     # the held-out prompts are kept out of training
