@@ -27,6 +27,7 @@ from pydantic import Field
 
 from rlctl.environment_kit.agents import (
     Episode,
+    Sampler,
     Template,
     ToolCallFailed,
     episode_metrics,
@@ -183,10 +184,19 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
     def score(self, task: ToolTask, episode: Episode) -> float:
         return compose(self.rewards, task, episode)
 
-    async def episode(self, task: ToolTask, temperature: float, split: str = "train") -> Episode:
-        """One conversation on `task`; sandboxed tools get a fresh work directory, removed afterwards."""
-        model = self.server.servers[0].config.model_name
-        sample = server_sampler(self.server, model, temperature, split)
+    def held_out_tasks(self, count: int) -> list[ToolTask]:
+        """The first `count` held-out tasks (their own seeded stream, never the training one): what `evaluate` and
+        the control plane's evaluations (docs/EVALUATIONS.md#tool-environments) play."""
+        held_out = random.Random(self.config.seed + 1_000_003)
+        return [self.next_task(held_out) for _ in range(count)]
+
+    async def episode(
+        self, task: ToolTask, temperature: float, split: str = "train", sample: Sampler | None = None
+    ) -> Episode:
+        """One conversation on `task`, sampled from the run's model server (or `sample`: an evaluation's model);
+        sandboxed tools get a fresh work directory, removed afterwards."""
+        if sample is None:
+            sample = server_sampler(self.server, self.server.servers[0].config.model_name, temperature, split)
         with tempfile.TemporaryDirectory(prefix="rlctl-tool-episode-") as scratch:
             tools = {
                 tool.name: tool.bind(Path(scratch)) if isinstance(tool, ShellTool) else tool for tool in task.tools
@@ -227,8 +237,7 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
         eval/agent/... the turn statistics."""
         if self.config.eval_items == 0:
             return
-        held_out = random.Random(self.config.seed + 1_000_003)
-        tasks = [self.next_task(held_out) for _ in range(self.config.eval_items)]
+        tasks = self.held_out_tasks(self.config.eval_items)
         episodes = await run_group([self.episode(task, 0.0, split="eval") for task in tasks])
         scores = [self.score(task, episode) for task, episode in zip(tasks, episodes, strict=True)]
         self.eval_metrics.append(("eval/percent_correct", sum(scores) / len(scores)))

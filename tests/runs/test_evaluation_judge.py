@@ -45,10 +45,11 @@ def evaluable_run(
     prompts: list[dict[str, Any]] = PROMPTS,
     backend: str = "local",
     config: dict[str, Any] | None = None,
+    environment: str = "echo",
 ) -> str:
     """A finished run as its trainer and the dataset split leave it: checkpoints in trainer_state.json, the held-out
     prompts in dataset/held_out.jsonl. No training: evaluations read only these."""
-    run = seed_run(settings, SeededRun(backend=backend, config=config or {}))
+    run = seed_run(settings, SeededRun(environment=environment, backend=backend, config=config or {}))
     paths = RunPaths(settings.data_path, run.id)
     paths.trainer_state.parent.mkdir(parents=True, exist_ok=True)
     state = {"status": "completed", "step": max(c["step"] for c in checkpoints), "backend": backend}

@@ -109,9 +109,10 @@ def environment_files(directories: Iterable[Path]) -> list[Path]:
     return files
 
 
-def environment_class_names(scans: list[FileScan]) -> set[str]:
-    """Fixpoint over base names: BaseEnv (and ToolEnv) subclasses, then their subclasses, across files."""
-    found = set(ROOT_BASES)
+def environment_class_names(scans: list[FileScan], roots: frozenset[str] = ROOT_BASES) -> set[str]:
+    """Fixpoint over base names: BaseEnv (and ToolEnv) subclasses, then their subclasses, across files (or those
+    of `roots`)."""
+    found = set(roots)
     classes = [info for scan in scans for info in scan.classes]
     changed = True
     while changed:
@@ -120,8 +121,13 @@ def environment_class_names(scans: list[FileScan]) -> set[str]:
             if info.class_name not in found and any(base in found for base in info.base_names):
                 found.add(info.class_name)
                 changed = True
-    found -= ROOT_BASES
+    found -= roots
     return found
+
+
+def is_tool_environment(scans: list[FileScan], class_name: str) -> bool:
+    """Whether the class derives from ToolEnv (a multi-turn tool environment), directly or through others."""
+    return class_name in environment_class_names(scans, frozenset({"ToolEnv"}))
 
 
 def _class_info(node: ast.ClassDef) -> ClassInfo:

@@ -61,7 +61,10 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
     """Sample in a child process (restarted from the first prompt after a service restart), then score."""
     params = upgraded_params(handle.params)
     run_dir = RunPaths(ctx.settings.data_path, params["run_id"]).run_dir
-    prompts, _total_prompts = dataset_runs.read_prompts(run_dir, params["split"], 0, params["max_prompts"])
+    if params.get("tool_env"):  # held-out tasks of the environment, not prompts of the run's dataset
+        prompts = [{"group_key": f"task_{index}"} for index in range(params["max_prompts"])]
+    else:
+        prompts, _total_prompts = dataset_runs.read_prompts(run_dir, params["split"], 0, params["max_prompts"])
     workdir = evaluation_dir(ctx, handle.job_id)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -70,7 +73,8 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
         **{k: params[k] for k in ("backend", "base_model", "tokenizer_name", "lora_rank", "protocol", "models")},
         **{k: params[k] for k in ("samples_per_prompt", "max_tokens", "temperature", "seed")},
         "device": "cpu",
-        "prompts": [p["messages"] for p in prompts],
+        "prompts": [p["messages"] for p in prompts if "messages" in p],
+        **({"tool_env": params["tool_env"], "tasks": len(prompts)} if params.get("tool_env") else {}),
     }
     (workdir / "spec.json").write_text(json.dumps(spec))  # no secret: a Tinker key is in the child's environment
     samples = workdir / "samples.jsonl"
@@ -79,7 +83,10 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
             if model["weights"] and "://" not in model["weights"]:
                 held.enter_context(leased(Path(model["weights"]), f"evaluation-{handle.job_id}"))
         _sample(ctx, handle, workdir, samples, total, tinker_environment(ctx.settings, params["backend"]))
-    result = score_and_compare(ctx, params, prompts, samples, handle)
+    if params.get("tool_env"):
+        result = compare_episodes(params, prompts, samples)
+    else:
+        result = score_and_compare(ctx, params, prompts, samples, handle)
     (workdir / "result.json").write_text(json.dumps(result))
     handle.progress(total, total, force=True)
     return result
@@ -92,7 +99,7 @@ def _sample(
     process = SupervisedProcess.spawn(
         ProcessSpec(
             role="evaluation",
-            argv=[sys.executable, "-m", "rlctl.trainer.evaluate", str(workdir / "spec.json"), str(samples)],
+            argv=[sys.executable, "-m", _sampler_module(workdir), str(workdir / "spec.json"), str(samples)],
             env={**env, **tinker, "PYTHONUNBUFFERED": "1"},
             cwd=REPO_ROOT,
             log_path=workdir / "sampler.log",
@@ -110,6 +117,13 @@ def _sample(
     if not status.clean:
         tail = "\n".join(read_tail(workdir / "sampler.log", 20))
         raise JobFailed(f"the sampler {status.describe()}: {tail}")
+
+
+def _sampler_module(workdir: Path) -> str:
+    """A tool environment's episodes are played by the environment kit's child, completions sampled by the
+    trainer's (docs/EVALUATIONS.md#tool-environments)."""
+    spec = json.loads((workdir / "spec.json").read_text())
+    return "rlctl.environment_kit.evaluation" if spec.get("tool_env") else "rlctl.trainer.evaluate"
 
 
 def _lines(path: Path) -> int:
@@ -175,6 +189,30 @@ def score_and_compare(
     result = _comparison(params, prompts, by_model, unscored)
     if judge is not None:
         result["judge"] = {"model": judge.client.model, **judge.counters.as_dict()}
+    return result
+
+
+EPISODE_STATISTICS = {"tool_calls": "tool_calls_per_episode", "failed_calls": "failed_calls_per_episode"}
+
+
+def compare_episodes(params: dict[str, Any], prompts: list[dict[str, Any]], samples: Path) -> dict[str, Any]:
+    """A tool environment's episodes, already scored by its own rewards in the child: compared as completions are,
+    with each model's per-episode means of turns, tool calls and failed calls beside its reward."""
+    by_model: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    with samples.open(encoding="utf-8") as lines:
+        for line in lines:
+            episode = json.loads(line)
+            by_model[episode["model"]].setdefault(episode["prompt_index"], []).append(float(episode["reward"]))
+            for key in ("turns", "tool_calls", "failed_calls", "episodes"):
+                totals[episode["model"]][key] += episode.get(key, 1)
+    result = _comparison(params, prompts, by_model, {})
+    for entry in result["models"]:
+        own = totals.get(entry["name"])
+        count = own["episodes"] if own else 0
+        entry["turns_per_episode"] = own["turns"] / count if own else None
+        for key, name in EPISODE_STATISTICS.items():
+            entry[name] = own[key] / count if own else None
     return result
 
 

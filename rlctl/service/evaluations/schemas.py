@@ -33,9 +33,22 @@ class EvaluationRequest(BaseModel):
         description="With the judge or completion reward: the judge's model and rubric; default: the run's own "
         "judge (online runs), else RLCTL_JUDGE_MODEL and the docs' rubric.",
     )
-    samples_per_prompt: int = Field(4, ge=1, le=64, description="Completions per prompt and model.")
-    max_prompts: int = Field(100, ge=1, le=1000, description="The split's first prompts, at most this many.")
-    max_tokens: int = Field(16, ge=1, le=4096, description="Most tokens of a completion.")
+    samples_per_prompt: int = Field(
+        4, ge=1, le=64, description="Completions (a tool environment's run: episodes) per prompt (task) and model."
+    )
+    max_prompts: int = Field(
+        100,
+        ge=1,
+        le=1000,
+        description="The split's first prompts, at most this many (a tool environment's run: "
+        "exactly this many of its held-out tasks).",
+    )
+    max_tokens: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Most tokens of a completion (a tool environment's run: its own per-reply limit).",
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Sampling and bootstrap seed.")
 
@@ -58,6 +71,15 @@ class EvaluationModelResult(BaseModel):
     wins: int | None = None
     ties: int | None = None
     losses: int | None = None
+    turns_per_episode: float | None = Field(
+        None, description="A tool environment's run: the model's replies per episode (mean); null otherwise."
+    )
+    tool_calls_per_episode: float | None = Field(
+        None, description="A tool environment's run: tool calls per episode (mean); null otherwise."
+    )
+    failed_calls_per_episode: float | None = Field(
+        None, description="A tool environment's run: failed tool calls per episode (mean); null otherwise."
+    )
 
 
 class PromptResult(BaseModel):

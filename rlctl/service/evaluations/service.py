@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from rlctl.service.context import AppContext
-from rlctl.service.errors import NotFound, ValidationFailed
+from rlctl.service.environments.catalog import EnvironmentCatalog
+from rlctl.service.environments.discovery import is_tool_environment
+from rlctl.service.errors import EnvironmentNotFound, NotFound, ValidationFailed
 from rlctl.service.evaluations.schemas import (
     EvaluationJudge,
     EvaluationModelResult,
@@ -73,31 +75,51 @@ def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
     paths = RunPaths(ctx.settings.data_path, request.run_id)
     steps = found.steps(request.steps)
     checkpoints = found.weights
+    env = config.get("env") or {}
+    tinker = config.get("tinker") or {}
+    models = [{"name": BASE, "weights": None}] + [{"name": f"step_{s}", "weights": checkpoints[s]} for s in steps]
+    common = {
+        "backend": backend.value,
+        "models": models,
+        "base_model": tinker.get("base_model"),
+        "tokenizer_name": env.get("tokenizer_name"),
+        "lora_rank": tinker.get("lora_rank"),
+        "protocol": tinker.get("protocol"),
+    }
+    tool_env = _tool_environment(ctx, found.environment)
+    if tool_env is not None:
+        if request.rewards is not None or request.judge is not None:
+            field = "rewards" if request.rewards is not None else "judge"
+            raise ValidationFailed(
+                "a tool environment's evaluation is scored by the environment's own rewards", {"field": field}
+            )
+        return {**common, "rewards": [], "judge": None, "tool_env": {**tool_env, "config": env}}
     prompts, _total = dataset_runs.read_prompts(paths.run_dir, request.split, 0, request.max_prompts)
     if not prompts:
         raise ValidationFailed(
             f"run {request.run_id} has no {request.split} prompts (a run of a dataset with a held-out share has)",
             {"field": "split", "run_id": request.run_id},
         )
-    env = config.get("env") or {}
     rewards = [r.model_dump() for r in request.rewards] if request.rewards else env.get("rewards")
     if not rewards:
         raise ValidationFailed("name the rewards: the run has none of its own", {"field": "rewards"})
     rewards = [{"name": r["name"], "weight": r.get("weight", 1.0)} for r in rewards]
     check_rewards(ctx, [RewardSpec(**r) for r in rewards])
     own_judge = env.get("dataset_judge") if request.rewards is None else None
-    tinker = config.get("tinker") or {}
-    return {
-        "backend": backend.value,
-        "rewards": rewards,
-        "judge": _judge(ctx, request, [r["name"] for r in rewards], own_judge),
-        "models": [{"name": BASE, "weights": None}]
-        + [{"name": f"step_{step}", "weights": checkpoints[step]} for step in steps],
-        "base_model": tinker.get("base_model"),
-        "tokenizer_name": env.get("tokenizer_name"),
-        "lora_rank": tinker.get("lora_rank"),
-        "protocol": tinker.get("protocol"),
-    }
+    return {**common, "rewards": rewards, "judge": _judge(ctx, request, [r["name"] for r in rewards], own_judge)}
+
+
+def _tool_environment(ctx: AppContext, name: str) -> dict[str, str] | None:
+    """The run's environment file and class when it is a multi-turn tool environment (a ToolEnv), else None: its
+    held-out tasks are then played, not the run's prompts answered (docs/EVALUATIONS.md#tool-environments)."""
+    catalog = EnvironmentCatalog.of(ctx)
+    try:
+        info = catalog.get(name)
+    except (EnvironmentNotFound, ValidationFailed):
+        return None  # a dataset run's, or one no longer on disk
+    if not is_tool_environment(catalog.scans(), info.class_name):
+        return None
+    return {"file": str(info.file_path), "class_name": info.class_name}
 
 
 def _judge(

@@ -36,6 +36,7 @@ class RunCheckpoints:
     status: str
     config: dict[str, Any]
     weights: dict[int, str]  # step → a local adapter directory or a tinker:// sampler URI
+    environment: str = ""
 
     def steps(self, wanted: list[int] | None, field: str = "steps") -> list[int]:
         """The steps asked for (default: the newest); InvalidState when the run has none yet, ValidationFailed
@@ -58,9 +59,10 @@ def run_checkpoints(ctx: AppContext, run_id: str) -> RunCheckpoints:
     with ctx.db.session() as session:
         run = load_row(session, Run, run_id, RunNotFound)
         backend, config, status = Backend(run.backend), dict(run.config), str(run.status)
+        environment = str(run.environment)
     state = RunPaths(ctx.settings.data_path, run_id).read_trainer_state() or {}
     weights = {int(c["step"]): str(c["weights"]) for c in state.get("checkpoints") or [] if c.get("weights")}
-    return RunCheckpoints(run_id, backend, status, config, weights)
+    return RunCheckpoints(run_id, backend, status, config, weights, environment)
 
 
 def served_model_id(run_id: str, step: int) -> str:
