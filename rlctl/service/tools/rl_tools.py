@@ -18,7 +18,7 @@ from rlctl.service.runs import service as runs
 from rlctl.service.runs.datasets import DATASET_ENVIRONMENTS
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.ratelimit import describe_interval, status_rule
-from rlctl.service.runs.schemas import CreateRunRequest, EnvironmentShare, ResumeRunRequest
+from rlctl.service.runs.schemas import CreateRunRequest, EnvironmentShare, ResumeRunRequest, RunOut
 from rlctl.service.states import RunStatus
 from rlctl.service.tools.registry import STATUS_RULE, Hints, NoArguments, Tool
 from rlctl.service.tools.schemas import (
@@ -139,24 +139,33 @@ def start_training(ctx: AppContext, state: SessionState, args: StartTrainingArgs
     edits = request.config
     run, _created = runs.create_run(ctx, RunManager.of(ctx), request)
     interval = describe_interval(ctx.settings.status_check_interval_s)
+    return _started(
+        ctx,
+        run,
+        edits,
+        (
+            f"Training run {run.id} waits in the queue at position {run.queue_position} until a slot frees. "
+            if run.status == "queued"
+            else f"Training run {run.id} is starting on the {run.backend} backend. "
+        )
+        + f"Check it with rl_check_status({run.id!r}) in about {interval}. ",
+    )
+
+
+def _started(ctx: AppContext, run: RunOut, config: dict[str, Any], message: str) -> StartedResult:
+    """What starting or resuming a run answers; the message ends with the status-check rule."""
     return StartedResult(
         run_id=run.id,
         status=run.status,
         environment=run.environment,
         dataset_id=run.dataset_id,
         backend=run.backend,
-        config=edits,
+        config=config,
         wandb_project=run.wandb_project,
         wandb_run_name=run.wandb_run_name,
         config_path=run.config_path,
         logs=run.logs,
-        message=(
-            f"Training run {run.id} waits in the queue at position {run.queue_position} until a slot frees. "
-            if run.status == "queued"
-            else f"Training run {run.id} is starting on the {run.backend} backend. "
-        )
-        + f"Check it with rl_check_status({run.id!r}) in about {interval}. "
-        + status_rule(ctx.settings.status_check_interval_s),
+        message=message + status_rule(ctx.settings.status_check_interval_s),
     )
 
 
@@ -193,20 +202,12 @@ def stop_training(ctx: AppContext, _state: SessionState, args: RunArgs) -> Stopp
 
 def resume_training(ctx: AppContext, _state: SessionState, args: ResumeTrainingArgs) -> StartedResult:
     run = runs.resume_run(ctx, RunManager.of(ctx), args.run_id, ResumeRunRequest(step=args.step))
-    return StartedResult(
-        run_id=run.id,
-        status=run.status,
-        environment=run.environment,
-        dataset_id=run.dataset_id,
-        backend=run.backend,
-        config={},
-        wandb_project=run.wandb_project,
-        wandb_run_name=run.wandb_run_name,
-        config_path=run.config_path,
-        logs=run.logs,
-        message=f"Run {run.id} resumes from the checkpoint of step {run.last_step} with its optimiser state; "
-        + f"check it with rl_check_status({run.id!r}). "
-        + status_rule(ctx.settings.status_check_interval_s),
+    return _started(
+        ctx,
+        run,
+        {},
+        f"Run {run.id} resumes from the checkpoint of step {run.last_step} with its optimiser state; "
+        + f"check it with rl_check_status({run.id!r}). ",
     )
 
 
