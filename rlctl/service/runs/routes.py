@@ -50,6 +50,7 @@ RunSecret = Annotated[str | None, Header(alias="X-Rlctl-Run-Secret", max_length=
 RunId = Annotated[str, name_path("Run id, as returned by POST /runs.")]
 FOLLOW_POLL_S = 0.25
 MAX_STEP = (1 << 63) - 1  # a step the databases can compare with (a larger one overflowed SQLite: 500)
+CheckpointStep = Annotated[int, Path_(ge=0, le=MAX_STEP, description="The checkpoint's step.")]
 
 
 @router.post(
@@ -166,9 +167,7 @@ async def resume_run(ctx: Ctx, run_id: RunId, body: ResumeRunRequest | None = No
     | json_error_responses(401, 403, 404, 409, 422),
     dependencies=[READ],
 )
-async def get_checkpoint_archive(
-    ctx: Ctx, run_id: RunId, step: Annotated[int, Path_(ge=0, le=MAX_STEP, description="The checkpoint's step.")]
-) -> StreamingResponse:
+async def get_checkpoint_archive(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> StreamingResponse:
     """A local checkpoint as a tar stream: `{run}-step_{N}/` with `adapter_model.safetensors`,
     `adapter_config.json` and `trainer_checkpoint.json` (not the optimiser state). Load it with peft, serve it with
     `rlctl model serve --adapter`, or merge it with `rlctl model merge`. A checkpoint on the Tinker service is a
@@ -179,9 +178,6 @@ async def get_checkpoint_archive(
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
     )
-
-
-CheckpointStep = Annotated[int, Path_(ge=0, le=MAX_STEP, description="The checkpoint's step.")]
 
 
 @router.put(
