@@ -642,21 +642,23 @@ def resume_run(ctx: AppContext, manager: RunManager, run_id: str, request: Resum
     return get_run(ctx, run_id)
 
 
-def checkpoint_archive(ctx: AppContext, run_id: str, step: int) -> tuple[str, list[Path]]:
-    """What GET /runs/{id}/checkpoints/{step}/archive streams: checked here, before any byte is sent."""
+def _existing_run_paths(ctx: AppContext, run_id: str) -> RunPaths:
+    """The paths of a run that exists: a malformed or unknown id is RUN_NOT_FOUND before any file is touched."""
     validate_name(run_id, f"{RunNotFound.subject} id")
     with ctx.db.read() as session:
         load_row(session, Run, run_id, RunNotFound)
-    return archive.checkpoint_files(RunPaths(ctx.settings.data_path, run_id), step)
+    return RunPaths(ctx.settings.data_path, run_id)
+
+
+def checkpoint_archive(ctx: AppContext, run_id: str, step: int) -> tuple[str, list[Path]]:
+    """What GET /runs/{id}/checkpoints/{step}/archive streams: checked here, before any byte is sent."""
+    return archive.checkpoint_files(_existing_run_paths(ctx, run_id), step)
 
 
 def pin_checkpoint(ctx: AppContext, run_id: str, step: int, pinned: bool) -> CheckpointPins:
     """Pin (or unpin) a checkpoint against the run's retention (docs/TRAINER.md#retention). Pinning needs the
     checkpoint; unpinning one that is not pinned changes nothing."""
-    validate_name(run_id, f"{RunNotFound.subject} id")
-    with ctx.db.read() as session:
-        load_row(session, Run, run_id, RunNotFound)
-    paths = RunPaths(ctx.settings.data_path, run_id)
+    paths = _existing_run_paths(ctx, run_id)
     steps = retention.pinned_steps(paths.run_dir)
     if pinned:
         continuation.checkpoint_of(paths, step)
