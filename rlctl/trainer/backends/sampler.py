@@ -48,6 +48,14 @@ class PendingSample:
     result: list[Completion] | None = None
     error: BaseException | None = None
 
+    def wait(self) -> list[Completion]:
+        """Blocks until answered: the completions, or the sampling's error raised here."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
 
 @dataclass
 class _Row:
@@ -172,11 +180,7 @@ class BatchedSampler:
 
     def sample(self, pending: PendingSample) -> list[Completion]:
         self.submit(pending)
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.result is not None
-        return pending.result
+        return pending.wait()
 
     def submit(self, pending: PendingSample) -> None:
         """Queues `pending` without waiting for it: its `done` is set once it has its result or its error."""

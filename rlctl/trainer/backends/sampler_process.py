@@ -124,11 +124,7 @@ class ProcessSampler:
             self._send(("sample", key, *request))
         except OSError as error:
             self._end(error)
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.result is not None
-        return pending.result
+        return pending.wait()
 
     def close(self) -> None:
         """Ends the child; requests still waiting fail."""
