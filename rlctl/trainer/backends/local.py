@@ -203,6 +203,7 @@ class LocalBackend(TrainingBackend):
                 sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
                 completion = _pad([data[i].completion_mask for i in indices], 0.0, torch.float32, self._device)
+                completion_tokens = float(completion.sum())  # one device sync, for both counts below
                 objective = self._objective(logprobs, sampler, advantages, completion)
                 loss = -(objective * mask).sum()
                 if measure_kl:
@@ -212,12 +213,12 @@ class LocalBackend(TrainingBackend):
                     if self._config.kl_coef > 0:
                         loss = loss + self._config.kl_coef * (kl * completion).sum()
                     stats["kl_sum"] += float((kl.detach() * completion).sum())
-                    stats["kl_tokens"] += float(completion.sum())
+                    stats["kl_tokens"] += completion_tokens
                 loss.backward()
                 loss_sum += float(loss.detach())
                 with torch.no_grad():
                     stats["entropy_sum"] += float((_entropy(logits.detach()) * completion).sum())
-                    stats["tokens"] += float(completion.sum())
+                    stats["tokens"] += completion_tokens
                 detached = logprobs.detach()
                 for row, index in enumerate(indices):
                     result[index] = detached[row, : len(data[index].target_tokens)].tolist()
