@@ -139,8 +139,7 @@ class LocalBackend(TrainingBackend):
         # Training calls (and checkpoints) one at a time; sampling never takes this lock.
         self._lock = threading.Lock()
         self._max_context = int(getattr(base.config, "max_position_embeddings", 4096))
-        self._eos_ids = self._stop_token_ids(base)
-        self.stop_token_ids = frozenset(self._eos_ids)  # a completion not ending in one was truncated
+        self.stop_token_ids = frozenset(self._stop_token_ids(base))  # a completion not ending in one was truncated
         self._sample_generator = torch.Generator(device="cpu").manual_seed(config.seed)
         if resume_from is not None:
             self._load_checkpoint(Path(resume_from.path), resume_from.optimizer)
@@ -302,6 +301,6 @@ class LocalBackend(TrainingBackend):
         pending = PendingSample(
             request,
             max_new_tokens=min(request.max_new_tokens, room),
-            stop_ids=frozenset(self._eos_ids | set(request.stop_token_ids)),
+            stop_ids=self.stop_token_ids.union(request.stop_token_ids),
         )
         return self._sampler.sample(pending)
