@@ -44,10 +44,6 @@ class ItemDisk:
         self.mount_point = mount_point
 
     @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
     def path(self) -> Path:
         """Where the service sees the tmpfs: through the keeper's root (never resolve it: that leaves the view)."""
         return Path(f"/proc/{self.process.pid}/root{self.mount_point}")
