@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlctl.sandbox.bubblewrap import find_sandbox  # noqa: E402
+from rlctl.sandbox.bubblewrap import SandboxCall, find_sandbox  # noqa: E402
 from rlctl.sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination  # noqa: E402
 from rlctl.service.settings import Settings  # noqa: E402
 
@@ -42,6 +42,13 @@ class _Hello(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def _succeeds(call: SandboxCall) -> None:
+    """Reads the call's output to its end and checks that it exited 0 (the output shown where not)."""
+    assert call.process.stdout is not None
+    output = call.process.stdout.read()
+    assert call.process.wait() == 0, output
 
 
 def main() -> int:
@@ -67,9 +74,7 @@ def main() -> int:
     def in_sandbox(command: str, network: NetworkPolicy | None) -> Callable[[], None]:
         def run() -> None:
             with sandbox.start(work, command, network) as call:
-                assert call.process.stdout is not None
-                output = call.process.stdout.read()
-                assert call.process.wait() == 0, output
+                _succeeds(call)
 
         return run
 
@@ -77,15 +82,11 @@ def main() -> int:
 
     def in_item() -> None:
         with kept.start("true") as call:
-            assert call.process.stdout is not None
-            output = call.process.stdout.read()
-            assert call.process.wait() == 0, output
+            _succeeds(call)
 
     def fresh_item() -> None:
         with sandbox.item(Path(tempfile.mkdtemp(prefix="rlctl-bench-item-"))) as item, item.start("true") as call:
-            assert call.process.stdout is not None
-            output = call.process.stdout.read()
-            assert call.process.wait() == 0, output
+            _succeeds(call)
 
     variants: dict[str, Callable[[], None]] = {
         "baseline (bare bwrap)": lambda: subprocess.run(bare, check=True, capture_output=True),
