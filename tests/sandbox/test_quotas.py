@@ -3,16 +3,15 @@ memory budget across its items, and its CPU quota, each tried with real threads,
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox
+from rlctl.sandbox.bubblewrap import Sandbox
 from rlctl.sandbox.quotas import CollectionQuota, ItemSlots, item_slots, memory_budget, throttled_periods
-from rlctl.service.settings import Settings
+from tests.support.sandbox import required_sandbox
 from tests.support.waiting import wait_until
 
 HOLD = "import sys; b = bytearray({size}); b[::4096] = b'x' * len(b[::4096]); print('held', flush=True)"
@@ -20,13 +19,7 @@ HOLD = "import sys; b = bytearray({size}); b[::4096] = b'x' * len(b[::4096]); pr
 
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
-    settings = Settings(_env_file=None)
-    found = find_sandbox(settings.sandbox_bwrap, settings.sandbox_uid)
-    if isinstance(found, str):
-        if os.environ.get("RLCTL_TEST_REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"the sandbox is required here (RLCTL_TEST_REQUIRE_SANDBOX=1): {found}")
-        pytest.skip(f"no sandbox here: {found}")
-    return found
+    return required_sandbox()
 
 
 @pytest.fixture
