@@ -22,10 +22,10 @@ from rlctl.service.runs.paths import RunPaths
 from rlctl.service.settings import Settings
 from rlctl.supervisor.run import API, ENV, TRAINER
 from rlctl.trainer.backends.local import LocalBackend
-from rlctl.trainer.config import parse_config
 from rlctl.trainer.failures import SAMPLING_FAILED, FailureBudget
 from rlctl.trainer.inference_guard import KEY_ENV, MAX_BODY_BYTES
 from rlctl.trainer.inference_server import InferenceServer, create_app
+from tests.support.endpoints import cpu_backend
 from tests.support.live import free_port
 from tests.support.tiny_model import session_tiny_model
 from tests.support.waiting import REQUEST_TIMEOUT, scaled
@@ -53,18 +53,7 @@ def tiny_model_dir() -> Path:
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = free_port()
-    config = parse_config(
-        {
-            "env": {"rollout_server_url": "http://127.0.0.1:1"},
-            "tinker": {
-                "base_model": str(tiny_model_dir),
-                "run_dir": str(tmp_path_factory.mktemp("run")),
-                "inference_port": port,
-                "device": "cpu",
-            },
-        }
-    )
-    backend = LocalBackend(config)
+    backend = cpu_backend(tiny_model_dir, tmp_path_factory.mktemp("run"), port)
     backend.publish_weights(1)
     budget = FailureBudget(SAMPLING_FAILED, BUDGET, "sampling")
     server = InferenceServer(create_app(backend, sampling_budget=budget, api_key=KEY), "127.0.0.1", port)

@@ -24,17 +24,28 @@ STALLED_MODEL = "faults/never-answers"
 GARBLED_MODEL = "faults/answers-garbage"
 
 
+def cpu_backend(model_dir: Path, run_dir: Path, inference_port: int) -> LocalBackend:
+    """The local backend on `model_dir`, on the CPU, as the trainer would make it for an inference server on
+    `inference_port` (no environment: its rollout URL is a closed port)."""
+    config = parse_config(
+        {
+            "env": {"rollout_server_url": "http://127.0.0.1:1"},
+            "tinker": {
+                "base_model": str(model_dir),
+                "run_dir": str(run_dir),
+                "inference_port": inference_port,
+                "device": "cpu",
+            },
+        }
+    )
+    return LocalBackend(config)
+
+
 @contextmanager
 def tiny_model_endpoint(model_dir: Path, run_dir: Path, model_names: Sequence[str]) -> Iterator[str]:
     """The trainer's inference server on the tiny model, answering to `model_names`; yields its `/v1` URL."""
     port = free_port()
-    config = parse_config(
-        {
-            "env": {"rollout_server_url": "http://127.0.0.1:1"},
-            "tinker": {"base_model": str(model_dir), "run_dir": str(run_dir), "inference_port": port, "device": "cpu"},
-        }
-    )
-    backend = LocalBackend(config)
+    backend = cpu_backend(model_dir, run_dir, port)
     backend.publish_weights(0)
     server = InferenceServer(create_app(backend, model_names=model_names), "127.0.0.1", port)
     server.start()

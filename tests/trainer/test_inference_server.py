@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from rlctl.trainer.backends.local import LocalBackend
-from rlctl.trainer.config import parse_config
 from rlctl.trainer.failures import SAMPLING_FAILED, BudgetExhausted, FailureBudget
 from rlctl.trainer.inference_server import InferenceServer, create_app
+from tests.support.endpoints import cpu_backend
 from tests.support.live import free_port
 from tests.support.waiting import REQUEST_TIMEOUT
 
@@ -25,18 +25,7 @@ ALIAS = "tiny/alias-model"
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalBackend]]:
     port = free_port()
-    config = parse_config(
-        {
-            "env": {"rollout_server_url": "http://127.0.0.1:1"},
-            "tinker": {
-                "base_model": str(tiny_model_dir),
-                "run_dir": str(tmp_path_factory.mktemp("run")),
-                "inference_port": port,
-                "device": "cpu",
-            },
-        }
-    )
-    backend = LocalBackend(config)
+    backend = cpu_backend(tiny_model_dir, tmp_path_factory.mktemp("run"), port)
     backend.publish_weights(7)
     server = InferenceServer(create_app(backend, model_names=[ALIAS]), "127.0.0.1", port)
     server.start()
