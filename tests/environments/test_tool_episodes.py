@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,9 +23,9 @@ from rlctl.environment_kit.agents import (
 )
 from rlctl.environment_kit.priming import assistant_masked
 from rlctl.environment_kit.tool_env import ShellTool, Tool, compose
-from rlctl.sandbox.bubblewrap import find_sandbox
 from rlctl.trainer.tiny_model import build_tokenizer
 from rlctl.trajectories.tool_calls import ParsedToolCall
+from tests.support.sandbox import required_sandbox
 
 CALL = '\n<tool_call>\n{"name": "lookup", "arguments": {"key": "code"}}\n</tool_call>'
 
@@ -147,11 +146,7 @@ def test_a_tool_checks_its_arguments_and_reports_its_errors() -> None:
 
 
 def test_a_shell_tool_runs_in_the_sandbox(tmp_path: Path) -> None:
-    found = find_sandbox("bwrap", 65534)
-    if isinstance(found, str):
-        if os.environ.get("RLCTL_TEST_REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"the sandbox is required here: {found}")
-        pytest.skip(f"no sandbox here: {found}")
+    required_sandbox()  # the tool finds the sandbox itself: this fails (CI) or skips where there is none
     tool = ShellTool(timeout_s=5).bind(tmp_path)
     result = json.loads(asyncio.run(tool({"command": "echo hi > f.txt && cat f.txt && id -u && ls /root"})))
     assert result["output"].startswith("hi\n") and result["exit_code"] != 0  # /root is not in the sandbox's view
