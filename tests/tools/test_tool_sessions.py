@@ -169,9 +169,11 @@ def test_rewards_weight_null_is_the_default_and_an_error_needs_a_value(tokens: T
 def test_with_every_session_busy_one_more_is_refused(tokens: Tokens) -> None:
     """Busy sessions are never ended for a new one: each of the two holds a request whose body is still coming."""
     release = threading.Event()
+    started = threading.Semaphore(0)  # one release per request whose headers and first chunk were sent
 
     def slow_body() -> Iterator[bytes]:
         yield b'{"jsonrpc": "2.0", "id": 1, '
+        started.release()
         release.wait(scaled(30))
         yield b'"method": "tools/list", "params": {}}'
 
@@ -180,6 +182,9 @@ def test_with_every_session_busy_one_more_is_refused(tokens: Tokens) -> None:
         with ThreadPoolExecutor(2) as pool:
             pending = [pool.submit(mine.post, "/mcp", content=slow_body(), headers=h) for h in sessions]
             try:
+                # A session is busy from its request's headers: an initialize before both are busy would end an
+                # idle one of them (the quota's LRU eviction), so probe only once both requests are under way.
+                assert all(started.acquire(timeout=scaled(30)) for _ in sessions)
                 refused = wait_until(
                     lambda: (
                         (r := mine.post("/mcp", json=INITIALIZE, headers=mcp_raw.MCP_HEADERS)).status_code == 429 and r
