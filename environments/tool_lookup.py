@@ -1,15 +1,16 @@
-"""Tool lookup: call `lookup(key)` to read a secret value, then answer with it. A multi-turn tool task the tiny local
-model learns online (docs/TOOL_ENVIRONMENTS.md#tool_lookup).
+"""Tool lookup: of two tools, call `lookup(key)` (the right one) rather than `guess()`, then answer with what it
+returned. A multi-turn tool task the tiny local model learns online (docs/TOOL_ENVIRONMENTS.md#tool_lookup).
 
-    python environments/tool_lookup.py prime               # the primed tiny model, once (about 30 s of CPU)
+    python environments/tool_lookup.py prime               # the primed tiny model, once (about 20 s of CPU)
     python environments/tool_lookup.py serve --config RUN.yaml
 
-Each task hides a random `digits`-digit value behind the environment's one key. An episode: the policy calls
-`lookup` (a pure-Python tool), reads the result in the tool turn, and answers. The reward is half for a call of
-`lookup` that returned the value and half for a final answer whose first number is the value. The tiny random
-model never writes a tool call by chance, so its base is a briefly primed copy (`prime`,
-rlctl/environment_kit/priming.py) that calls the tool in about half the episodes and rarely copies the value
-right, for RL to raise (measured: docs/TOOL_ENVIRONMENTS.md#tool_lookup).
+Each task hides a random `digits`-digit value behind the environment's one key; `guess()` returns another value.
+An episode: the policy calls a tool (pure Python), reads the result in the tool turn, and answers. The reward is half
+for a call of `lookup` that returned the value and half for a final answer whose first number is the value. The tiny
+random model never writes a tool call by chance, so its base is a briefly primed copy (`prime`,
+rlctl/environment_kit/priming.py) that calls one of the two tools in nearly every episode, `guess` about two times in
+three, and answers with what the tool returned now and then: choosing the tool the prompt names is what RL raises
+(measured: docs/TOOL_ENVIRONMENTS.md#tool_lookup).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTas
 from rlctl.trajectories.tool_calls import split_tool_calls
 
 DIGITS = "0123456789"
-PRIMED_SUBDIR = Path("models") / "tiny-qwen3-tool_lookup"
-# Primed to call the tool in about half the episodes (and to copy the value rarely): RL has both to raise.
-PRIMING_STEPS, PRIMING_LEARNING_RATE = 80, 1e-2
+PRIMED_SUBDIR = Path("models") / "tiny-qwen3-tool_lookup-choice"  # a new name when the design changes
+# Primed on as many `guess` as `lookup` demonstrations: the format is learnt, the choice of tool left to RL.
+PRIMING_STEPS, PRIMING_LEARNING_RATE = 150, 1e-2
 
 
 def answer_is_value(task: ToolTask, episode: Episode) -> float:
@@ -67,21 +68,43 @@ class ToolLookupConfig(ToolEnvConfig):
     digits: int = Field(1, ge=1, le=16, description="Digits of each task's value.")
 
 
+def guess_tool(decoy: str) -> Tool:
+    """The decoy: a tool that answers with a wrong value, so which tool the policy calls decides the reward."""
+    return Tool(
+        name="guess",
+        description="A guess.",
+        parameters={"type": "object", "properties": {}},
+        function=lambda: decoy,
+    )
+
+
+def _digits(rng: random.Random, digits: int) -> str:
+    return "".join(rng.choice(DIGITS) for _ in range(digits))
+
+
 def lookup_task(rng: random.Random, key: str, digits: int) -> ToolTask:
-    value = "".join(rng.choice(DIGITS) for _ in range(digits))
+    value = _digits(rng, digits)
+    decoy = _digits(rng, digits)
+    while decoy == value:
+        decoy = _digits(rng, digits)
     messages = [{"role": "user", "content": f"What is the {key}? Use lookup."}]
-    return ToolTask(messages=messages, tools=[lookup_tool(key, value)], data={"value": value})
+    tools = [lookup_tool(key, value), guess_tool(decoy)]
+    return ToolTask(messages=messages, tools=tools, data={"value": value, "decoy": decoy})
 
 
-def demonstration(rng: random.Random, key: str, digits: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A solved task as a conversation, for priming."""
+def demonstration(
+    rng: random.Random, key: str, digits: int, tool: str = "lookup"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A task as a conversation that calls `tool` and answers with its result, for priming."""
     task = lookup_task(rng, key, digits)
-    call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": key}}}
+    result = task.data["value" if tool == "lookup" else "decoy"]
+    arguments = {"key": key} if tool == "lookup" else {}
+    call = {"type": "function", "function": {"name": tool, "arguments": arguments}}
     messages = [
         *task.messages,
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": task.data["value"], "name": "lookup"},
-        {"role": "assistant", "content": task.data["value"]},
+        {"role": "tool", "content": result, "name": tool},
+        {"role": "assistant", "content": result},
     ]
     return messages, [tool.schema() for tool in task.tools]
 
@@ -93,20 +116,23 @@ def primed_model_dir() -> Path:
 def prime_model(
     output: Path | None = None, base: Path | None = None, steps: int = PRIMING_STEPS, seed: int = 0
 ) -> Path:
-    """The tiny model primed on solved lookup tasks (built once; see rlctl/environment_kit/priming.py)."""
+    """The tiny model primed on lookup tasks, half of them answered through `guess` (built once; see
+    rlctl/environment_kit/priming.py)."""
     from rlctl.environment_kit.priming import prime
 
     base = built_tiny_model(base)
     defaults = ToolLookupConfig.model_fields
     rng = random.Random(seed + 7)
-    conversations = [demonstration(rng, defaults["key"].default, defaults["digits"].default) for _ in range(512)]
+    key, digits = defaults["key"].default, defaults["digits"].default
+    conversations = [demonstration(rng, key, digits, ("lookup", "guess")[index % 2]) for index in range(512)]
     return prime(
         base, output or primed_model_dir(), conversations, steps=steps, learning_rate=PRIMING_LEARNING_RATE, seed=seed
     )
 
 
 class ToolLookupEnv(ToolEnv):
-    """Call lookup(key) for a hidden value and answer with it: a multi-turn tool task the tiny model learns."""
+    """Call lookup(key), not guess(), for a hidden value and answer with it: a multi-turn tool task the tiny model
+    learns."""
 
     name = "tool_lookup"
     env_config_cls = ToolLookupConfig
@@ -125,7 +151,7 @@ class ToolLookupEnv(ToolEnv):
             batch_size=32,
             total_steps=24,
             steps_per_eval=1000,
-            max_token_length=512,
+            max_token_length=1024,  # the two tools' schemas in the system turn are about 450 characters
             use_wandb=False,
             wandb_name="tool_lookup",
             ensure_scores_are_not_same=False,  # as echo: the trainer skips solved groups itself

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def scripted(template: Template, replies: Sequence[str], cut: int | None = None)
 
 
 def episode_on(template: Template, replies: Sequence[str], max_turns: int = 3, max_tokens: int = 2048):
-    task = lookup_task(__import__("random").Random(0), "code", 3)
+    task = lookup_task(random.Random(0), "code", 3)
     tools = {tool.name: tool for tool in task.tools}
 
     async def run_tool(call: ParsedToolCall) -> str:
@@ -126,8 +127,10 @@ def test_the_answer_is_rewarded_and_failed_calls_are_shown_to_the_policy(templat
 def test_max_turns_and_max_tokens_truncate(template: Template) -> None:
     _, episode, _ = episode_on(template, [CALL, CALL, CALL], max_turns=2)
     assert episode.stats.turns == 2 and episode.stats.tool_calls == 1 and episode.stats.truncated
-    _, short, _ = episode_on(template, [CALL], max_tokens=320)
-    assert short.stats.truncated and len(short.tokens) <= 320
+    task = lookup_task(random.Random(0), "code", 3)
+    limit = len(template.prompt(task.messages, [tool.schema() for tool in task.tools])) + 20  # 20 tokens of reply
+    _, short, _ = episode_on(template, [CALL], max_tokens=limit)
+    assert short.stats.truncated and len(short.tokens) <= limit
     assert short.masks[-1] != MASKED  # cut in its reply: the sampled tokens stay, nothing follows them
 
 

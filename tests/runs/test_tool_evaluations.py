@@ -46,15 +46,32 @@ def saved_adapter(model: Path, run_dir: Path) -> str:
     return str(target)
 
 
+def tool_run_config(model: Path) -> dict[str, Any]:
+    """A tool_lookup run's config as its evaluation reads it: the environment's and the local backend's model."""
+    return {
+        "env": {"tokenizer_name": str(model), "max_token_length": 1024, "max_turns": 3},
+        "tinker": {"base_model": str(model), "lora_rank": 8},
+    }
+
+
+def evaluated(client: Any, body: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
+    """POST /evaluations and the evaluation once it has ended."""
+    response = client.post("/evaluations", json=body)
+    assert response.status_code == 202, response.text
+
+    def ended() -> dict[str, Any] | None:
+        found = client.get(f"/evaluations/{response.json()['id']}").json()
+        return found if found["status"] in ("succeeded", "failed", "cancelled") else None
+
+    return wait_until(ended, timeout=timeout, message="evaluation ends")
+
+
 def test_a_tool_environments_run_is_evaluated_by_playing_its_held_out_tasks(
     run_settings: Callable[..., Any], tmp_path: Path
 ) -> None:
     model = primed_model()
     settings = run_settings()
-    config = {
-        "env": {"tokenizer_name": str(model), "max_token_length": 512, "max_turns": 3},
-        "tinker": {"base_model": str(model), "lora_rank": 8},
-    }
+    config = tool_run_config(model)
     weights = saved_adapter(model, tmp_path / "adapter")
     run_id = evaluable_run(
         settings, [{"step": 3, "weights": weights}], prompts=[], config=config, environment="tool_lookup"
@@ -64,14 +81,7 @@ def test_a_tool_environments_run_is_evaluated_by_playing_its_held_out_tasks(
         refused = client.post("/evaluations", json={"run_id": run_id, "rewards": [{"name": "echo"}]})
         assert refused.status_code == 422 and error_of(refused)["details"]["field"] == "rewards", refused.text
         body = {"run_id": run_id, "max_prompts": TASKS, "samples_per_prompt": EPISODES, "temperature": 1.0}
-        response = client.post("/evaluations", json=body)
-        assert response.status_code == 202, response.text
-
-        def evaluated() -> dict[str, Any] | None:
-            found = client.get(f"/evaluations/{response.json()['id']}").json()
-            return found if found["status"] in ("succeeded", "failed", "cancelled") else None
-
-        done = wait_until(evaluated, timeout=240, message="evaluation ends")
+        done = evaluated(client, body)
     assert done["status"] == "succeeded", done["error"]
     base, trained = (EvaluationModelResult.model_validate(m) for m in done["models"])
     assert (base.name, trained.name) == ("base", "step_3")
