@@ -2,7 +2,7 @@
 `environments/tool_lookup.py`, real processes wired by one run YAML, as tests/trainer/test_agentic_pipeline.py runs
 them.
 
-    .venv/bin/python benchmarks/agentic.py [--steps 24] [--group-size 8] [--batch-size 16] [--calls 50]
+    .venv/bin/python benchmarks/agentic.py [--steps 24] [--group-size 8] [--batch-size 32] [--calls 50]
 
 Printed: the reward curve (mean reward per step, and first quarter → last quarter); tool calls, failed calls and
 turns per episode (the environment's `agent/...` metrics); rollout turns per second (replies sampled over the wall
@@ -60,8 +60,15 @@ def run(work: Path, steps: int, group_size: int, batch_size: int) -> tuple[list[
         total_steps=steps,
         group_size=group_size,
         batch_size=batch_size,
-        env={"max_turns": 3, "eval_items": 0, "steps_per_eval": 100000, "seed": 0, "max_batches_offpolicy": 1},
-        tinker={"save_checkpoint_interval": 100000, "learning_rate": 5e-3},
+        env={
+            "max_token_length": 1024,
+            "max_turns": 3,
+            "eval_items": 0,
+            "steps_per_eval": 100000,
+            "seed": 0,
+            "max_batches_offpolicy": 1,
+        },
+        tinker={"save_checkpoint_interval": 100000, "learning_rate": 5e-3, "max_token_trainer_length": 1536},
     )
     env_metrics = run_dir / "env_metrics.jsonl"
     hooks = f"{ENV_HOOKS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
@@ -136,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--calls", type=int, default=50, help="tool calls timed in-process (a fifth sandboxed)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlctl-agentic-") as work:

@@ -1,7 +1,8 @@
 """A run's checkpoint as a collection's agent (docs/DATASETS.md#a-checkpoint-as-the-agent): `model: {run, step}`
 is served by the service itself (`python -m rlctl.trainer.serve`, a supervised child) for the collection's length,
 its replies' tool calls run as any agent's, and the lineage (which checkpoint collected the dataset) is readable
-from the collection and from its dataset.
+from the collection and from its dataset. The collection is started and followed by the CLI (`rlctl collect
+SPEC --checkpoint RUN[:STEP]`).
 
 The run is seeded as its trainer leaves one (a row, trainer_state.json listing a checkpoint directory of a real
 LoRA adapter): training is not what is tested here. Its base model is the tiny model fitted to call `write_file`
@@ -18,11 +19,11 @@ from rlctl.service.runs.paths import RunPaths
 from rlctl.service.settings import Settings
 from rlctl.trainer.evaluate import backend_for
 from tests.conftest import build_settings
+from tests.ops.cli import rlctl
 from tests.ops.seeding import SeededRun, seed_run
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
 from tests.support.fitted_model import WRITE_ARGUMENTS, WRITE_DONE, WRITE_PROMPT, fitted_tool_call_model
-from tests.support.live import in_process_service
-from tests.support.waiting import wait_until
+from tests.support.live import live_service
 
 STEP = 2
 
@@ -65,7 +66,7 @@ def test_a_checkpoint_collects_a_dataset_that_names_it(tmp_path: Path, session_d
         tinker_state = RunPaths(settings.data_path, tinker_run).trainer_state
         tinker_state.parent.mkdir(parents=True)
         tinker_state.write_text(json.dumps({"checkpoints": [{"step": STEP, "weights": "tinker://sampler/weights/2"}]}))
-        with in_process_service(settings) as live, live.client() as client:
+        with live_service(settings) as live, live.client() as client:
             refusals = {
                 "unknown run": client.post("/collections", json=collection_body({"run": "nosuchrun"})),
                 "missing step": client.post("/collections", json=collection_body({"run": run_id, "step": 9})),
@@ -75,14 +76,12 @@ def test_a_checkpoint_collects_a_dataset_that_names_it(tmp_path: Path, session_d
                 "no base_url": client.post("/collections", json=collection_body("some/model")),
                 "tinker run": client.post("/collections", json=collection_body({"run": tinker_run})),
             }
-            created = client.post("/collections", json=collection_body({"run": run_id}))  # the newest: step 2
-            assert created.status_code == 202, created.text
-
-            def ended() -> dict[str, Any] | None:
-                found = client.get(f"/collections/{created.json()['id']}").json()
-                return found if found["status"] in ("completed", "failed", "cancelled") else None
-
-            collection = wait_until(ended, timeout=240, message="collection ends")
+            # the CLI names the checkpoint as `runs start --init-from` does; RUN alone is its newest: step 2
+            spec = tmp_path / "collection.json"
+            spec.write_text(json.dumps(collection_body("replaced by --checkpoint")))
+            collected = rlctl(live.base_url, "collect", str(spec), "--checkpoint", run_id, "--json", timeout=300)
+            assert collected.returncode == 0, collected.stderr
+            collection = json.loads(collected.stdout)
             items = client.get(f"/collections/{collection['id']}/items").json()["items"]
             dataset = client.get(f"/datasets/{collection['dataset_id']}").json()
             records = client.get(f"/datasets/{collection['dataset_id']}/export", params={"format": "rlctl"})

@@ -23,6 +23,7 @@ import yaml
 
 from rlctl.service.client import output
 from rlctl.service.client.api import DEFAULT_URL, ApiClient, ClientError, RateLimitedError
+from rlctl.service.collections.schemas import CollectionStatus
 from rlctl.service.states import JOB_TERMINAL, RUN_TERMINAL, JobStatus, RunStatus
 
 PROCESSES = ("api", "trainer", "env")
@@ -166,6 +167,17 @@ def add_client_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     test.add_argument("--no-wait", dest="wait", action="store_false", help="print the job and return")
     test.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     test.set_defaults(handler=_client_command(inference_test))
+
+    collect = commands.add_parser(
+        "collect", help="an agent answers prompts with tools; its trajectories become a dataset", parents=[common]
+    )
+    collect.add_argument("spec", type=Path, help="the collection (POST /collections' body) as a YAML or JSON file")
+    agent = collect.add_mutually_exclusive_group()
+    agent.add_argument("--model", help="the agent: a model id at the spec's base_url (replaces the spec's model)")
+    agent.add_argument("--checkpoint", help="the agent: a run's checkpoint, RUN:STEP (RUN alone: its newest)")
+    collect.add_argument("--no-wait", dest="wait", action="store_false", help="print the collection and return")
+    collect.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    collect.set_defaults(handler=_client_command(collection))
 
     evaluate = commands.add_parser(
         "eval", help="compare a run's checkpoints with its base model on held-out prompts", parents=[common]
@@ -592,6 +604,43 @@ def inference_test(client: ApiClient, args: argparse.Namespace) -> int:
         "base_url": args.base_url,
     }
     return _start_job(client, args, "/inference-tests", {k: v for k, v in body.items() if v is not None})
+
+
+COLLECTION_TERMINAL = frozenset({CollectionStatus.COMPLETED, CollectionStatus.CANCELLED, CollectionStatus.FAILED})
+
+
+def collection(client: ApiClient, args: argparse.Namespace) -> int:
+    """POST /collections, then follow it to its dataset; a run's checkpoint is named RUN:STEP, as `runs start
+    --init-from` names one."""
+    body = _load_mapping(args.spec)
+    if args.model:
+        body["model"] = args.model
+    if args.checkpoint:
+        body["model"] = {key: value for key, value in _init_from(args.checkpoint).items() if value is not None}
+    current = client.post("/collections", body)
+    progress = output.Progress()
+    while args.wait and current["status"] not in COLLECTION_TERMINAL:
+        time.sleep(args.interval)
+        current = client.get(f"/collections/{_segment(current['id'])}")
+        progress.update(f"collection {current['id']}: {current['status']} {_collection_progress(current)}")
+    progress.done()
+    _emit(args, current, _collection_text)
+    return 0 if not args.wait or current["status"] == "completed" else 1
+
+
+def _collection_progress(found: dict[str, Any]) -> str:
+    counts = found["progress"]
+    return f"{counts['kept']} kept, {counts['discarded']} discarded, {counts['failed']} failed of {counts['total']}"
+
+
+def _collection_text(found: dict[str, Any]) -> str:
+    lines = [f"collection {found['id']} ({found['name']}): {found['status']}", f"model: {found['model']}"]
+    lines.append(f"items: {_collection_progress(found)}")
+    if found.get("dataset_id"):
+        lines.append(f"dataset: {found['dataset_id']}")
+    if found.get("error"):
+        lines.append(f"error: {found['error']}")
+    return "\n".join(lines)
 
 
 def evaluation(client: ApiClient, args: argparse.Namespace) -> int:
