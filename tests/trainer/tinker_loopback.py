@@ -17,6 +17,10 @@ With `protocol="legacy"` it speaks the older protocol subset of `tinker>=0.25,<0
 `model_id` and only as a model's first request after `create_model`, and request schemas published in its OpenAPI
 document (copied from SkyRL's, so fields they do not declare are dropped as SkyRL drops them).
 
+`replies` scripts the remote model's answers instead: a function of a sample's prompt tokens and a random generator
+to one reply's tokens (its logprobs still the unigram model's), for tests of what an environment does with the
+replies (a multi-turn tool environment's tool calls) rather than of learning.
+
 Two knobs stand in for a remote service's timing: `latency_s` is added to every request (a network round trip),
 and `hold_gradients` withholds each forward_backward result until an optim_step for the same model has arrived
 (a client that waits for the gradients before sending the step never gets them; one that pipelines does).
@@ -25,6 +29,7 @@ and `hold_gradients` withholds each forward_backward result until an optim_step 
 import asyncio
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,8 +163,10 @@ class LoopbackTinker:
         protocol: str = "current",
         latency_s: float = 0.0,
         hold_gradients: bool = False,
+        replies: Callable[[list[int], np.random.Generator], list[int]] | None = None,
     ) -> None:
         self.protocol = protocol
+        self.replies = replies
         self.reject_samples = False  # answer every sample with bytes the SDK cannot parse (a broken server)
         self.latency_s = latency_s
         self.hold_gradients = hold_gradients
@@ -255,7 +262,11 @@ class LoopbackTinker:
         scaled = np.exp(UnigramModel(self.vocab_size).log_probs(logits / max(temperature, 1e-6)))
         response = pb.SampleResponse()
         for _ in range(int(body.get("num_samples", 1))):
-            tokens = self._rng.choice(self.vocab_size, size=max_tokens, p=scaled)
+            if self.replies is not None:
+                prompt = [int(token) for chunk in body["prompt"]["chunks"] for token in chunk["tokens"]]
+                tokens = np.array(self.replies(prompt, self._rng)[:max_tokens], dtype=np.int64)
+            else:
+                tokens = self._rng.choice(self.vocab_size, size=max_tokens, p=scaled)
             stop_reason = pb.STOP_REASON_LENGTH
             if self.eos_token_id is not None and self.eos_token_id in tokens:
                 tokens = tokens[: int(np.argmax(tokens == self.eos_token_id)) + 1]
