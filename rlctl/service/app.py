@@ -24,6 +24,7 @@ from rlctl.service.db.engine import REQUEST_THREADS
 from rlctl.service.environments.routes import router as environments_router
 from rlctl.service.evaluations import jobs as evaluation_jobs
 from rlctl.service.evaluations.routes import router as evaluations_router
+from rlctl.service.health.routes import readiness_monitor
 from rlctl.service.health.routes import router as health_router
 from rlctl.service.http import (
     BodySizeLimitMiddleware,
@@ -96,6 +97,8 @@ def create_app(
     context.provide(runs)
     context.provide(jobs)
     register_job_kinds(jobs)
+    readiness = readiness_monitor(context.db)
+    context.provide(readiness)
     mcp_endpoint = McpEndpoint(context)
 
     @asynccontextmanager
@@ -112,10 +115,12 @@ def create_app(
         await run_in_threadpool(open_datasets, context)  # before jobs resume: leftovers of a crash go first
         await run_in_threadpool(jobs.open)
         await context.db.open_loop_reads()
+        await readiness.start()
         try:
             async with mcp_endpoint.running():
                 yield
         finally:
+            await readiness.stop()
             # Runs keep running across a service restart: they are re-adopted at the next start.
             await run_in_threadpool(jobs.close)
             await run_in_threadpool(runs.close)

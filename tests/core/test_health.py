@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -15,6 +16,7 @@ from sqlalchemy import Connection, create_engine, text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlctl.service.db.engine import LOOP_READ_CONNECTIONS, REQUEST_THREADS
+from rlctl.service.health.readiness import READINESS_INTERVAL_S, READINESS_MAX_AGE_S
 from rlctl.service.settings import Settings
 from tests.support.live import LiveService, live_service
 from tests.support.waiting import REQUEST_TIMEOUT, scaled, wait_until
@@ -65,13 +67,46 @@ def test_readiness_has_a_connection_of_its_own_while_every_read_connection_waits
         for connection in connections:
             _send(connection, "/runs/absent")
         wait_until(lambda: _waiting_on_runs(lock) >= LOOP_READ_CONNECTIONS, timeout=60, message="reads blocked")
+        blocked_at = time.monotonic()
         with live.anonymous() as client:
-            ready = client.get("/readyz")
-        assert ready.status_code == 200, ready.text
-        assert _waiting_on_runs(lock) == LOOP_READ_CONNECTIONS  # the reads still wait: the probe went by them
+
+            def ready_after_the_newest_result_would_be_overdue() -> bool:
+                # /readyz answers from the background check: ready this long after the reads blocked means the
+                # check kept answering on its own connection (queued behind them, its result would be overdue)
+                ready = client.get("/readyz")
+                assert ready.status_code == 200, ready.text
+                return time.monotonic() - blocked_at > READINESS_MAX_AGE_S + 2 * READINESS_INTERVAL_S
+
+            wait_until(ready_after_the_newest_result_would_be_overdue, timeout=60, message="checks after the block")
+        assert _waiting_on_runs(lock) == LOOP_READ_CONNECTIONS  # the reads still wait: the checks went by them
         lock.rollback()
         for connection in connections:
             assert _response(connection).startswith(b"HTTP/1.1 404")
+
+
+def test_a_database_that_stops_answering_makes_the_service_unready_while_readyz_answers_at_once(
+    make_settings: Callable[..., Settings], database_url: str
+) -> None:
+    """PostgreSQL: the migration table locked, the background check hangs; /readyz keeps answering at once, and says
+    not ready once the newest result is too old to trust."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite's check runs in the service's process: a lock cannot make it hang without the loop")
+    with live_service(make_settings()) as live, ExitStack() as stack, live.anonymous() as client:
+        assert client.get("/readyz").status_code == 200
+        locker = create_engine(database_url)
+        stack.callback(locker.dispose)
+        lock = stack.enter_context(locker.connect())
+        lock.execute(text("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE"))
+        stack.callback(lock.rollback)
+
+        def unready() -> httpx.Response | None:
+            response = client.get("/readyz", timeout=REQUEST_TIMEOUT)
+            return response if response.status_code == 503 else None
+
+        refused = wait_until(unready, timeout=60, message="/readyz says not ready")
+        assert refused.json()["error"]["message"] in ("readiness check overdue", "database check timed out")
+        lock.rollback()
+        wait_until(lambda: client.get("/readyz").status_code == 200, timeout=60, message="ready again")
 
 
 def _waiting_on_runs(lock: Connection) -> int:

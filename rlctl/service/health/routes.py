@@ -2,7 +2,8 @@
 
 Both are async routes on the event loop, never in the thread pool: a probe must not wait for a worker thread
 while blocking handlers hold every one of them (docs/ARCHITECTURE.md#performance). The server runs them ahead
-of the requests queued on the loop (`rlctl.service.http.ProbesFirstProtocol`).
+of the requests queued on the loop (`rlctl.service.http.ProbesFirstProtocol`). `/readyz` answers from the
+newest result of the database check, which `ReadinessMonitor` runs in the background (`readiness.py`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from sqlalchemy import Select, String, column, select, table
 from sqlalchemy.exc import SQLAlchemyError
 
 from rlctl.service.db import migrate
+from rlctl.service.db.engine import Database
 from rlctl.service.db.plans import Read, ReadPlan
 from rlctl.service.deps import Ctx
 from rlctl.service.errors import Unavailable
+from rlctl.service.health.readiness import Readiness, ReadinessMonitor
 from rlctl.service.schemas import error_responses
 
 router = APIRouter(tags=["health"])
@@ -30,13 +33,6 @@ class Health(BaseModel):
     status: str
 
 
-class Readiness(BaseModel):
-    status: str
-    database: str
-    schema_revision: str | None
-    head_revision: str | None
-
-
 @router.get("/healthz", response_model=Health, summary="Liveness")
 async def healthz() -> Health:
     """Answers while the process serves requests."""
@@ -45,10 +41,20 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Readiness, summary="Readiness", responses=error_responses(503))
 async def readyz(ctx: Ctx) -> Readiness:
-    """Ready when the database answers and its schema is at the newest migration."""
+    """Ready when the database answered and its schema was at the newest migration at the last check (at most
+    half a second ago)."""
+    return ReadinessMonitor.of(ctx).current()
+
+
+def readiness_monitor(db: Database) -> ReadinessMonitor:
+    """The background check of `db` behind /readyz."""
+    return ReadinessMonitor(lambda: _check_database(db))
+
+
+async def _check_database(db: Database) -> Readiness:
     head = _head_revision()
     try:
-        current = await ctx.db.probe_read(_current_revision_plan)
+        current = await db.probe_read(_current_revision_plan)
     except (SQLAlchemyError, psycopg.Error) as exc:
         # No version table is a database never migrated: behind, like one with an older revision.
         if not _is_missing_table(exc):
