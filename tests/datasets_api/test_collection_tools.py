@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.service.collections.agent_tools import TOOL_NAMES, Toolbox
+from rlctl.sandbox.toolbox import TOOL_NAMES, Toolbox
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from rlctl.sandbox import errors as sandbox_errors
 from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
-from rlctl.service.collections.agent_tools import TOOL_NAMES, Toolbox
+from rlctl.sandbox.toolbox import TOOL_NAMES, Toolbox
 from rlctl.service.collections.service import require_terminal_sandbox
 from rlctl.service.datasets.errors import SandboxUnavailable
 from tests.support.reaper import processes_named

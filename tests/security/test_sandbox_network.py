@@ -17,7 +17,7 @@ import pytest
 from rlctl.sandbox.bubblewrap import Sandbox
 from rlctl.sandbox.netgate import NetworkPolicy, parse_allowed_ranges, parse_destination
 from rlctl.sandbox.seccomp import native_arch
-from rlctl.service.collections.agent_tools import TOOL_NAMES, Toolbox
+from rlctl.sandbox.toolbox import TOOL_NAMES, Toolbox
 from rlctl.service.settings import Settings
 from tests.datasets_api.chat_server import chat_server
 from tests.support.live import in_process_service

@@ -48,7 +48,7 @@ def fitted_tool_call_model() -> Path:
 
 
 def _examples() -> list[tuple[list[dict[str, Any]], dict[str, Any], str]]:
-    from rlctl.service.collections.agent_tools import SCHEMAS
+    from rlctl.sandbox.toolbox import SCHEMAS
 
     write_tool = SCHEMAS["write_file"]
     asked = [{"role": "user", "content": WRITE_PROMPT}]

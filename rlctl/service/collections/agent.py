@@ -15,7 +15,7 @@ from typing import Any
 
 import openai
 
-from rlctl.service.collections.agent_tools import Toolbox
+from rlctl.sandbox.toolbox import Toolbox
 from rlctl.trajectories.tool_calls import split_tool_calls
 
 # Bounds of one item, so a hostile or broken model cannot grow the service's memory or the dataset without end.

@@ -35,7 +35,7 @@ from rlctl.service.collections.agent import (
     Trajectory,
     run_agent,
 )
-from rlctl.service.collections.agent_tools import Toolbox
+from rlctl.sandbox.toolbox import Toolbox
 from rlctl.service.collections.schemas import CollectionStatus
 from rlctl.service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
 from rlctl.service.context import AppContext
