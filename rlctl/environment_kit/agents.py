@@ -54,7 +54,12 @@ ToolRunner = Callable[[ParsedToolCall], Awaitable[str]]
 
 
 class ToolCallFailed(Exception):
-    """A call the tools refuse (unknown tool, bad arguments, a tool's own error): the policy sees the message."""
+    """A call the tools refuse (unknown tool, bad arguments, a tool's own error): the policy sees `result` when the
+    tool gave one (a sandboxed call's JSON with its `error`), else `{"error": message}`."""
+
+    def __init__(self, message: str, result: str | None = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 @dataclass
@@ -190,7 +195,8 @@ async def _run_calls(episode: Episode, calls: list[ParsedToolCall], run_tool: To
         try:
             result, failed = await run_tool(call), False
         except ToolCallFailed as error:
-            result, failed = json.dumps({"error": str(error)}), True
+            result = error.result if error.result is not None else json.dumps({"error": str(error)})
+            failed = True
         episode.stats.tool_s += time.perf_counter() - started
         episode.stats.failed_calls += failed
         episode.tool_results.append((call, result, failed))

@@ -6,18 +6,19 @@ the score). Everything else is here: a group of `group_size` episodes per task (
 task), each a conversation of up to `max_turns` replies (`agents.py`), the Atropos group with only the policy's
 tokens trained, and the per-turn statistics logged as run metrics (`agent/...`).
 
-Tools are pure-Python callables (`Tool`), or shell commands run in the bubblewrap sandbox collections use, with its
-limits (`ShellTool`).
+Tools are pure-Python callables (`Tool`), or the collections' sandboxed tools with their limits (`SandboxTools`:
+`terminal`, `read_file`, `write_file`, one kept sandbox per episode).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import random
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,7 @@ from rlctl.environment_kit.agents import (
     server_sampler,
 )
 from rlctl.sandbox.bubblewrap import require_sandbox
-from rlctl.sandbox.commands import run_command
-from rlctl.sandbox.errors import SandboxError
+from rlctl.sandbox.toolbox import SCHEMAS, TOOL_NAMES, Toolbox
 from rlctl.trajectories.tool_calls import ParsedToolCall
 
 
@@ -77,48 +77,72 @@ class Tool:
         return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class ShellTool:
-    """`terminal(command)`: a shell command run in the collections' bubblewrap sandbox (no network, their limits),
-    in a fresh work directory per episode. Its result is `{exit_code, output, truncated}` (and `error`)."""
+# A tool of one episode: its arguments to its result's text (ToolCallFailed for a failed call).
+BoundTool = Callable[[Any], Awaitable[str]]
 
-    name: str = "terminal"
-    description: str = "Run a bash command in a sandboxed working directory; returns its exit code and output."
+
+@dataclass(frozen=True)
+class SandboxTools:
+    """The collections' sandboxed tools (rlctl/sandbox/toolbox.py), by `names`: `terminal(command)` (bash in the
+    bubblewrap sandbox, no network), `read_file(path)`, `write_file(path, content)`, with the collections' checks
+    and limits, in one kept sandbox per episode (its work directory a tmpfs of its own where one can be made), made
+    at the episode's first call of one of them and ended with the episode. Results are the toolbox's JSON text; one
+    with an `error` (a time-out, a refused path, ...) is a failed call, as a collection counts it."""
+
+    names: tuple[str, ...] = TOOL_NAMES
     timeout_s: float = 10.0
     output_limit: int = 2000
     bwrap: str = "bwrap"
     sandbox_uid: int = 65534
 
-    @property
-    def parameters(self) -> dict[str, Any]:
-        return {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+    def __post_init__(self) -> None:
+        unknown = set(self.names) - set(TOOL_NAMES)
+        if unknown or not self.names:
+            raise ValueError(f"sandbox tools are some of {', '.join(TOOL_NAMES)}; not {sorted(unknown) or 'none'}")
 
-    def schema(self) -> dict[str, Any]:
-        return Tool(self.name, self.description, self.parameters, lambda: None).schema()
+    def schemas(self) -> list[dict[str, Any]]:
+        return [SCHEMAS[name] for name in TOOL_NAMES if name in self.names]
 
-    def bind(self, workdir: Path) -> Tool:
-        """The tool of one episode, running in `workdir`."""
+    def open(self, workdir: Path) -> Toolbox:
+        """The toolbox of one episode, in `workdir` (an empty directory); close it when the episode ends."""
         sandbox = require_sandbox(self.bwrap, self.sandbox_uid)
         sandbox.prepare(workdir)
+        return Toolbox(list(self.names), workdir, self.timeout_s, self.output_limit, sandbox=sandbox)
 
-        def terminal(command: str) -> dict[str, Any]:
-            if not isinstance(command, str) or not command.strip() or "\x00" in command:
-                raise ToolCallFailed("command must be a non-empty string without NUL")
-            try:
-                ran = run_command(sandbox, workdir, command, self.timeout_s, self.output_limit)
-            except SandboxError as error:
-                raise ToolCallFailed(f"the sandbox could not be started: {error}") from None
-            result: dict[str, Any] = {"exit_code": ran.exit_code, "output": ran.output, "truncated": ran.truncated}
-            if ran.timed_out:
-                result["error"] = f"timed out after {self.timeout_s:g} s"
-            if ran.memory_exceeded:
-                result["error"] = "the command went over its memory limit and was killed"
+
+class EpisodeToolbox:
+    """The toolbox of `tools` for one episode, opened at its first call (an episode that calls none of them starts
+    no sandbox) and closed with the episode."""
+
+    def __init__(self, tools: SandboxTools, workdir: Path) -> None:
+        self.tools = tools
+        self.workdir = workdir
+        self._toolbox: Toolbox | None = None
+        self._opening = asyncio.Lock()
+
+    async def toolbox(self) -> Toolbox:
+        async with self._opening:
+            if self._toolbox is None:
+                self.workdir.mkdir()
+                self._toolbox = await asyncio.to_thread(self.tools.open, self.workdir)
+            return self._toolbox
+
+    async def close(self) -> None:
+        if self._toolbox is not None:
+            await asyncio.to_thread(self._toolbox.close)
+
+    def bound(self) -> dict[str, BoundTool]:
+        return {name: self._call_of(name) for name in self.tools.names}
+
+    def _call_of(self, name: str) -> BoundTool:
+        async def call(arguments: Any) -> str:  # off the event loop: a sandboxed call blocks
+            result = await asyncio.to_thread((await self.toolbox()).call, name, arguments)
+            error = json.loads(result).get("error")
+            if error:
+                raise ToolCallFailed(str(error), result=result)
             return result
 
-        async def threaded(command: str) -> dict[str, Any]:  # a sandboxed call blocks: off the event loop
-            return await asyncio.to_thread(terminal, command)
-
-        return Tool(self.name, self.description, self.parameters, threaded)
+        return call
 
 
 @dataclass
@@ -126,8 +150,17 @@ class ToolTask:
     """One task: the conversation's opening `messages`, its `tools`, and whatever the rewards check (`data`)."""
 
     messages: list[dict[str, Any]]
-    tools: Sequence[Tool | ShellTool]
+    tools: Sequence[Tool | SandboxTools]
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def task_schemas(task: ToolTask) -> list[dict[str, Any]]:
+    """The task's tools in OpenAI's format, as the chat template renders them."""
+    return [
+        schema
+        for tool in task.tools
+        for schema in (tool.schemas() if isinstance(tool, SandboxTools) else [tool.schema()])
+    ]
 
 
 # A reward function of the task and its finished episode, in [0, 1] by convention.
@@ -194,13 +227,19 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
         self, task: ToolTask, temperature: float, split: str = "train", sample: Sampler | None = None
     ) -> Episode:
         """One conversation on `task`, sampled from the run's model server (or `sample`: an evaluation's model);
-        sandboxed tools get a fresh work directory, removed afterwards."""
+        sandboxed tools get a kept sandbox of their own, ended with the episode."""
         if sample is None:
             sample = server_sampler(self.server, self.server.servers[0].config.model_name, temperature, split)
-        with tempfile.TemporaryDirectory(prefix="rlctl-tool-episode-") as scratch:
-            tools = {
-                tool.name: tool.bind(Path(scratch)) if isinstance(tool, ShellTool) else tool for tool in task.tools
-            }
+        async with contextlib.AsyncExitStack() as stack:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlctl-tool-episode-")))
+            tools: dict[str, BoundTool] = {}
+            for index, tool in enumerate(task.tools):
+                if isinstance(tool, SandboxTools):
+                    toolbox = EpisodeToolbox(tool, scratch / f"sandbox-{index}")
+                    stack.push_async_callback(toolbox.close)
+                    tools.update(toolbox.bound())
+                else:
+                    tools[tool.name] = tool
 
             async def run_tool(call: ParsedToolCall) -> str:
                 tool = tools.get(call.name)
@@ -211,7 +250,7 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
             return await run_episode(
                 self.template,
                 task.messages,
-                [tool.schema() for tool in task.tools],
+                task_schemas(task),
                 sample,
                 run_tool,
                 max_turns=self.config.max_turns,

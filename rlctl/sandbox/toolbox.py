@@ -3,11 +3,11 @@ their arguments and their results as JSON text, over the OS isolation of the `sa
 trajectory's: a collection's (rlctl/service/collections/) or a tool environment's episode
 (rlctl/environment_kit/tool_env.py, `SandboxTools`), the same tools with the same limits for both.
 
-`read_file` and `write_file` run in the caller's process, confined to one trajectory's work directory (rlctl/sandbox/workdir.py:
-no link followed, no path out of it, no file with two names). `terminal` runs `bash -c` in the sandbox
-(rlctl/sandbox/bubblewrap.py: namespaces, seccomp, limits, no secrets, network only to the named destinations), killed
-whole on time-out and when the command ends; only the first `output_limit` characters of its output are kept, and
-going over the memory limit is the call's error. Without a sandbox it refuses.
+`read_file` and `write_file` run in the caller's process, confined to one trajectory's work directory
+(rlctl/sandbox/workdir.py: no link followed, no path out of it, no file with two names). `terminal` runs `bash -c`
+in the sandbox (rlctl/sandbox/bubblewrap.py: namespaces, seccomp, limits, no secrets, network only to the named
+destinations), killed whole on time-out and when the command ends; only the first `output_limit` characters of its
+output are kept, and going over the memory limit is the call's error. Without a sandbox it refuses.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from rlctl.environment_kit.agents import (
     run_episode,
 )
 from rlctl.environment_kit.priming import assistant_masked
-from rlctl.environment_kit.tool_env import ShellTool, Tool, compose
+from rlctl.environment_kit.tool_env import EpisodeToolbox, SandboxTools, Tool, ToolTask, compose, task_schemas
 from rlctl.trainer.tiny_model import build_tokenizer
 from rlctl.trajectories.tool_calls import ParsedToolCall
 from tests.support.sandbox import required_sandbox
@@ -148,14 +148,36 @@ def test_a_tool_checks_its_arguments_and_reports_its_errors() -> None:
             asyncio.run(tool(arguments))
 
 
-def test_a_shell_tool_runs_in_the_sandbox(tmp_path: Path) -> None:
-    required_sandbox()  # the tool finds the sandbox itself: this fails (CI) or skips where there is none
-    tool = ShellTool(timeout_s=5).bind(tmp_path)
-    result = json.loads(asyncio.run(tool({"command": "echo hi > f.txt && cat f.txt && id -u && ls /root"})))
-    assert result["output"].startswith("hi\n") and result["exit_code"] != 0  # /root is not in the sandbox's view
-    assert (tmp_path / "f.txt").read_text() == "hi\n"
-    refused = json.loads(asyncio.run(tool({"command": "sleep 30"})))
-    assert "timed out" in refused["error"]
+def test_the_collections_sandboxed_tools_run_in_one_kept_sandbox_per_episode(tmp_path: Path) -> None:
+    required_sandbox()  # the tools find the sandbox themselves: this fails (CI) or skips where there is none
+    tools = SandboxTools(timeout_s=5)
+    assert [schema["function"]["name"] for schema in tools.schemas()] == ["terminal", "read_file", "write_file"]
+    task = ToolTask(messages=[], tools=[tools, Tool("add", "Add.", {"type": "object", "properties": {}}, lambda: 1)])
+    assert [schema["function"]["name"] for schema in task_schemas(task)][-1] == "add"
+    with pytest.raises(ValueError, match="sandbox tools"):
+        SandboxTools(names=("browser",))
+
+    async def episode() -> tuple[dict, ...]:
+        toolbox = EpisodeToolbox(tools, tmp_path / "sandbox")
+        assert not (tmp_path / "sandbox").exists()  # no call yet: no sandbox
+        bound = toolbox.bound()
+        try:
+            wrote = json.loads(await bound["write_file"]({"path": "f.txt", "content": "hi\n"}))
+            ran = json.loads(await bound["terminal"]({"command": "cat f.txt && echo more >> f.txt && ls /root"}))
+            read = json.loads(await bound["read_file"]({"path": "f.txt"}))
+            with pytest.raises(ToolCallFailed, match="timed out") as timed_out:
+                await bound["terminal"]({"command": "sleep 30"})
+            with pytest.raises(ToolCallFailed, match="outside the working directory"):
+                await bound["read_file"]({"path": "../outside.txt"})
+        finally:
+            await toolbox.close()
+        return wrote, ran, read, json.loads(timed_out.value.result)
+
+    wrote, ran, read, timed_out = asyncio.run(episode())
+    assert wrote["written_bytes"] == 3
+    assert ran["output"].startswith("hi\n") and ran["exit_code"] != 0  # /root is not in the sandbox's view
+    assert read["content"] == "hi\nmore\n"  # the same work directory for every call of the episode
+    assert "timed out" in timed_out["error"] and "output" in timed_out  # the policy sees the whole result
 
 
 def test_priming_learns_only_the_assistant_turns() -> None:

@@ -25,6 +25,7 @@ from sqlalchemy import select
 
 from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox
 from rlctl.sandbox.quotas import CollectionQuota, collection_cpus, item_slots, memory_budget
+from rlctl.sandbox.toolbox import Toolbox
 from rlctl.sandbox.workdir import remove_tree
 from rlctl.service.collections import service
 from rlctl.service.collections.agent import (
@@ -35,7 +36,6 @@ from rlctl.service.collections.agent import (
     Trajectory,
     run_agent,
 )
-from rlctl.sandbox.toolbox import Toolbox
 from rlctl.service.collections.schemas import CollectionStatus
 from rlctl.service.collections.service import DISCARDED, DONE_STATUSES, FAILED, KEPT, collection_dir, mark
 from rlctl.service.context import AppContext
