@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -32,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from environments.tool_lookup import lookup_tool, prime_model  # noqa: E402 - after the repository is on the path
 from rlctl.environment_kit.tool_env import EpisodeToolbox, SandboxTools  # noqa: E402
 from rlctl.sandbox.bubblewrap import find_sandbox  # noqa: E402
-from rlctl.service.runs.launch import ENV_HOOKS_DIR  # noqa: E402
 from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.support.live import free_port  # noqa: E402
 from tests.trainer.pipeline import (  # noqa: E402
-    child_environment,
+    env_metrics_of,
+    metrics_environment,
     processes,
     start_api,
     start_environment,
@@ -73,9 +71,7 @@ def run(work: Path, steps: int, group_size: int, batch_size: int) -> tuple[list[
         },
         tinker={"save_checkpoint_interval": 100000, "learning_rate": 5e-3, "max_token_trainer_length": 1536},
     )
-    env_metrics = run_dir / "env_metrics.jsonl"
-    hooks = f"{ENV_HOOKS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    environment = child_environment(work / "var", PYTHONPATH=hooks, RLCTL_ENV_METRICS_PATH=str(env_metrics))
+    environment = metrics_environment(work / "var", run_dir)
     with processes() as start:
         start_api(start, run_dir, api_port, environment)
         trainer = start_trainer(start, config, environment)
@@ -85,10 +81,7 @@ def run(work: Path, steps: int, group_size: int, batch_size: int) -> tuple[list[
         if trainer.wait(3600) != 0:
             raise SystemExit(f"the trainer failed:\n{trainer.log_tail()}")
         wall = time.perf_counter() - started
-    logged = (
-        [json.loads(line)["metrics"] for line in env_metrics.read_text().splitlines()] if env_metrics.exists() else []
-    )
-    return step_metrics(run_dir), logged, wall
+    return step_metrics(run_dir), env_metrics_of(run_dir), wall
 
 
 def mean(values: list[float]) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
-from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics  # noqa: E402
+from tests.trainer.pipeline import child_environment, run_pipeline, step_metrics  # noqa: E402
 
 COLLAPSED_BELOW = 0.01
 
@@ -44,7 +44,7 @@ class RunOutcome:
 def run_once(workdir: Path, model_dir: Path, loss: str, steps: int, seed: int) -> RunOutcome:
     run_dir = workdir / f"{loss}-seed{seed}"
     started = time.monotonic()
-    run = run_echo_pipeline(
+    run = run_pipeline(
         run_dir,
         model_dir=model_dir,
         total_steps=steps,

@@ -10,7 +10,7 @@ reward of `environments/echo.py` (`score_reply`, default window and weight), the
 KL term, advantages not divided by the group's standard deviation.
 
 - **rlctl**: the real offline pipeline (`run-api`, the trainer on the local backend, `environments/echo.py`),
-  as `tests/trainer/pipeline.run_echo_pipeline` starts it: three processes talking HTTP.
+  as `tests/trainer/pipeline.run_pipeline` starts it: three processes talking HTTP.
 - **TRL**: `GRPOTrainer` in one process, on the CPU. TRL refuses a LoRA adapter on `lm_head` (it computes
   logprobs from `lm_head.weight` directly), so its LoRA (rank 8, alpha 16) covers attention and MLP and the
   whole `lm_head` trains (`modules_to_save`); rlctl's LoRA covers `lm_head` too.
@@ -47,7 +47,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
-from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics  # noqa: E402
+from tests.trainer.pipeline import child_environment, run_pipeline, step_metrics  # noqa: E402
 
 GROUP_SIZE = 8
 GROUPS_PER_STEP = 4
@@ -83,7 +83,7 @@ class Outcome:
 def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int, sampler: str = "thread") -> Outcome:
     run_dir = workdir / f"rlctl-seed{seed}-{sampler}"
     started = time.monotonic()
-    run = run_echo_pipeline(
+    run = run_pipeline(
         run_dir,
         model_dir=model_dir,
         total_steps=steps,

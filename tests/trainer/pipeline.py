@@ -16,6 +16,7 @@ import httpx
 import yaml
 
 from rlctl.service.children import process_fork_server
+from rlctl.service.runs.launch import ENV_HOOKS_DIR
 from rlctl.supervisor.envhooks.sitecustomize import trainer_registered
 from rlctl.supervisor.process import ProcessSpec, SupervisedProcess
 from tests.support.live import free_port
@@ -23,6 +24,9 @@ from tests.support.waiting import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRETS = ("TINKER_API_KEY", "WANDB_API_KEY", "OPENROUTER_API_KEY", "RLCTL_API_TOKEN")
+
+
+ENV_METRICS = "env_metrics.jsonl"
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
@@ -269,16 +273,16 @@ def trainer_state(run_dir: Path) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class EchoRun:
-    """An offline echo run that has ended: the trainer's exit code and process (its log stays readable), and the
-    environment's log as it was when the trainer exited (before the environment was stopped)."""
+class PipelineRun:
+    """A run that has ended: the trainer's exit code and process (its log stays readable), and the environment's
+    log as it was when the trainer exited (before the environment was stopped)."""
 
     exit_code: int
     trainer: Process
     environment_log: str
 
 
-def run_echo_pipeline(
+def run_pipeline(
     run_dir: Path,
     *,
     model_dir: Path,
@@ -286,11 +290,15 @@ def run_echo_pipeline(
     environment: dict[str, str],
     timeout_s: float,
     start_timeout_s: float = 90,
+    environment_file: str = "echo.py",
+    group_size: int = 8,
+    batch_size: int = 32,
     env: dict[str, Any] | None = None,
     tinker: dict[str, Any] | None = None,
-) -> EchoRun:
-    """`run-api`, the trainer on the local backend and `environments/echo.py`, wired by one run YAML, until the
-    trainer exits (within `timeout_s`); every process is stopped on the way out."""
+) -> PipelineRun:
+    """`run-api`, the trainer (on the local backend unless `tinker` says otherwise) and
+    `environments/{environment_file}`, wired by one run YAML, until the trainer exits (within `timeout_s`); every
+    process is stopped on the way out."""
     api_port, inference_port = free_port(), free_port()
     config = write_run_yaml(
         run_dir,
@@ -298,6 +306,8 @@ def run_echo_pipeline(
         api_port=api_port,
         inference_port=inference_port,
         total_steps=total_steps,
+        group_size=group_size,
+        batch_size=batch_size,
         env=env,
         tinker=tinker,
     )
@@ -305,7 +315,20 @@ def run_echo_pipeline(
         start_api(start, run_dir, api_port, environment)
         trainer = start_trainer(start, config, environment)
         wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, start_timeout_s)
-        echo = start_environment(start, "echo.py", config, environment)
+        served = start_environment(start, environment_file, config, environment)
         exit_code = trainer.wait(timeout_s)
-        environment_log = echo.log_text()
-    return EchoRun(exit_code, trainer, environment_log)
+        environment_log = served.log_text()
+    return PipelineRun(exit_code, trainer, environment_log)
+
+
+def metrics_environment(data_dir: Path, run_dir: Path, **extra: str) -> dict[str, str]:
+    """A child environment in which the environment's metrics go where a supervised run's go (the hook rlctl puts
+    on its PYTHONPATH): `env_metrics_of(run_dir)` reads them."""
+    hooks = f"{ENV_HOOKS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    return child_environment(data_dir, PYTHONPATH=hooks, RLCTL_ENV_METRICS_PATH=str(run_dir / ENV_METRICS), **extra)
+
+
+def env_metrics_of(run_dir: Path) -> list[dict[str, Any]]:
+    """The metric records the environment logged (`metrics_environment`), oldest first."""
+    path = run_dir / ENV_METRICS
+    return [json.loads(line)["metrics"] for line in path.read_text().splitlines()] if path.exists() else []

@@ -9,8 +9,6 @@ episode code and rewards, is better with a 95 % interval above zero (docs/TOOL_E
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from pathlib import Path
 
@@ -18,24 +16,13 @@ import pytest
 
 from environments.tool_lookup import prime_model
 from rlctl.service.evaluations.schemas import EvaluationModelResult
-from rlctl.service.runs.launch import ENV_HOOKS_DIR
 from tests.conftest import build_settings
 from tests.runs.test_evaluation_judge import evaluable_run
 from tests.runs.test_tool_evaluations import evaluated, tool_run_config
 from tests.support.databases import MigratedDatabases, database_kinds, fresh_database
-from tests.support.live import free_port, in_process_service
+from tests.support.live import in_process_service
 from tests.support.tiny_model import session_tiny_model
-from tests.trainer.pipeline import (
-    child_environment,
-    processes,
-    start_api,
-    start_environment,
-    start_trainer,
-    step_metrics,
-    trainer_state,
-    wait_http,
-    write_run_yaml,
-)
+from tests.trainer.pipeline import env_metrics_of, metrics_environment, run_pipeline, step_metrics, trainer_state
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +46,14 @@ def primed_model_dir() -> Path:
 def test_a_multi_turn_tool_run_learns_and_its_checkpoint_beats_the_base(
     primed_model_dir: Path, tmp_path: Path, session_databases: MigratedDatabases
 ) -> None:
-    api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / "tool_lookup"
-    config = write_run_yaml(
+    ended = run_pipeline(
         run_dir,
         model_dir=primed_model_dir,
-        api_port=api_port,
-        inference_port=inference_port,
         total_steps=TOTAL_STEPS,
+        environment=metrics_environment(tmp_path / "var", run_dir),
+        timeout_s=300,
+        environment_file="tool_lookup.py",
         group_size=GROUP_SIZE,
         batch_size=BATCH_SIZE,
         # one batch ahead at most: rollouts of the policy being trained, not of one three steps old
@@ -80,19 +67,8 @@ def test_a_multi_turn_tool_run_learns_and_its_checkpoint_beats_the_base(
         },
         tinker={"max_token_trainer_length": 1536, "learning_rate": LEARNING_RATE},
     )
-    # the environment's metrics go where a supervised run's go (the hook rlctl puts on its PYTHONPATH)
-    hooks = f"{ENV_HOOKS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    env_metrics = run_dir / "env_metrics.jsonl"
-    environment = child_environment(tmp_path / "var", PYTHONPATH=hooks, RLCTL_ENV_METRICS_PATH=str(env_metrics))
-    with processes() as start:
-        start_api(start, run_dir, api_port, environment)
-        trainer = start_trainer(start, config, environment)
-        wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
-        env = start_environment(start, "tool_lookup.py", config, environment)
-        exit_code = trainer.wait(300)
-        env_log = env.log_text()
-    assert exit_code == 0, trainer.log_tail()
-    assert "Traceback" not in env_log, env_log[-4000:]
+    assert ended.exit_code == 0, ended.trainer.log_tail()
+    assert "Traceback" not in ended.environment_log, ended.environment_log[-4000:]
 
     records = step_metrics(run_dir)
     assert [record["step"] for record in records] == list(range(1, TOTAL_STEPS + 1))
@@ -103,7 +79,7 @@ def test_a_multi_turn_tool_run_learns_and_its_checkpoint_beats_the_base(
     assert all(0.0 <= reward <= 1.0 for reward in rewards), rewards
     assert last >= first + MIN_RISE, rewards
     assert trainer_state(run_dir)["status"] == "completed"
-    logged = [json.loads(line)["metrics"] for line in env_metrics.read_text().splitlines()]
+    logged = env_metrics_of(run_dir)
     agent = [metrics for metrics in logged if "agent/turns_per_episode" in metrics]
     assert agent, logged
     assert all(1.0 <= metrics["agent/turns_per_episode"] <= 3.0 for metrics in agent)

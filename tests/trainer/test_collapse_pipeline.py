@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.trainer.health import HealthRules, RunHealth
-from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics, trainer_state
+from tests.trainer.pipeline import child_environment, run_pipeline, step_metrics, trainer_state
 
 TOTAL_STEPS = 60
 COLLAPSE_STEPS = 2
@@ -32,7 +32,7 @@ def replayed_collapse(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def attempt(run_dir: Path, tiny_model_dir: Path, var_dir: Path, seed: int) -> tuple[int, dict[str, Any], list]:
-    run = run_echo_pipeline(
+    run = run_pipeline(
         run_dir,
         model_dir=tiny_model_dir,
         total_steps=TOTAL_STEPS,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics, trainer_state
+from tests.trainer.pipeline import child_environment, run_pipeline, step_metrics, trainer_state
 
 TOTAL_STEPS = 32
 
@@ -17,7 +17,7 @@ TOTAL_STEPS = 32
 def test_echo_run_learns_and_completes(tiny_model_dir: Path, tmp_path: Path, seed: int) -> None:
     run_dir = tmp_path / f"echo-seed{seed}"
     # W&B in offline mode: the trainer must mirror its metrics and record the run's name.
-    run = run_echo_pipeline(
+    run = run_pipeline(
         run_dir,
         model_dir=tiny_model_dir,
         total_steps=TOTAL_STEPS,

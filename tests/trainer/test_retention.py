@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from rlctl.trainer.retention import LEASES_DIR, in_use, leased, prune, to_delete, write_pinned
-from tests.trainer.pipeline import child_environment, run_echo_pipeline, trainer_state
+from tests.trainer.pipeline import child_environment, run_pipeline, trainer_state
 
 
 def test_to_delete_keeps_the_newest_and_the_kept() -> None:
@@ -52,7 +52,7 @@ def test_a_run_keeps_only_what_retention_says(tiny_model_dir: Path, tmp_path: Pa
     run_dir = tmp_path / "kept"
     run_dir.mkdir()
     (run_dir / "pinned_checkpoints.json").write_text(json.dumps({"steps": [4]}))
-    run = run_echo_pipeline(
+    run = run_pipeline(
         run_dir,
         model_dir=tiny_model_dir,
         total_steps=12,

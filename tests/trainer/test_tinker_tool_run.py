@@ -12,8 +12,6 @@ to Tinker (the prompt, the template's text and the tool turn are masked), as on 
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,19 +19,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlctl.service.runs.launch import ENV_HOOKS_DIR
 from tests.support.live import free_port
-from tests.trainer.pipeline import (
-    child_environment,
-    processes,
-    start_api,
-    start_environment,
-    start_trainer,
-    step_metrics,
-    trainer_state,
-    wait_http,
-    write_run_yaml,
-)
+from tests.trainer.pipeline import env_metrics_of, metrics_environment, run_pipeline, step_metrics, trainer_state
 from tests.trainer.test_tinker_backend import _tensor_tokens
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
 
@@ -77,38 +64,28 @@ def trained_spans(advantages: list[float]) -> list[tuple[int, int]]:
 def test_a_multi_turn_tool_run_trains_through_tinker(tiny_model_dir: Path, tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     service = LoopbackTinker(len(tokenizer), tokenizer.eos_token_id, replies=scripted_policy(tokenizer))
-    api_port, inference_port = free_port(), free_port()
     run_dir = tmp_path / "tool_lookup"
-    config = write_run_yaml(
-        run_dir,
-        model_dir=tiny_model_dir,
-        api_port=api_port,
-        inference_port=inference_port,
-        total_steps=TOTAL_STEPS,
-        group_size=GROUP_SIZE,
-        batch_size=BATCH_SIZE,
-        env={"max_token_length": 1024, "max_turns": 3, "eval_items": 0, "steps_per_eval": 1000, "seed": 0},
-        tinker={"backend": "tinker", "base_model": "Qwen/Qwen3-8B", "max_token_trainer_length": 1536},
-    )
-    hooks = f"{ENV_HOOKS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    env_metrics = run_dir / "env_metrics.jsonl"
     with LoopbackServer(service, free_port()) as server:
-        environment = child_environment(
+        environment = metrics_environment(
             tmp_path / "var",
+            run_dir,
             TINKER_BASE_URL=server.url,
             TINKER_API_KEY="tml-loopback",  # the SDK insists on the prefix; the stand-in only records it
-            PYTHONPATH=hooks,
-            RLCTL_ENV_METRICS_PATH=str(env_metrics),
         )
-        with processes() as start:
-            start_api(start, run_dir, api_port, environment)
-            trainer = start_trainer(start, config, environment)
-            wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 90)
-            env = start_environment(start, "tool_lookup.py", config, environment)
-            exit_code = trainer.wait(300)
-            env_log = env.log_text()
-    assert exit_code == 0, trainer.log_tail()
-    assert "Traceback" not in env_log, env_log[-4000:]
+        ended = run_pipeline(
+            run_dir,
+            model_dir=tiny_model_dir,
+            total_steps=TOTAL_STEPS,
+            environment=environment,
+            timeout_s=300,
+            environment_file="tool_lookup.py",
+            group_size=GROUP_SIZE,
+            batch_size=BATCH_SIZE,
+            env={"max_token_length": 1024, "max_turns": 3, "eval_items": 0, "steps_per_eval": 1000, "seed": 0},
+            tinker={"backend": "tinker", "base_model": "Qwen/Qwen3-8B", "max_token_trainer_length": 1536},
+        )
+    assert ended.exit_code == 0, ended.trainer.log_tail()
+    assert "Traceback" not in ended.environment_log, ended.environment_log[-4000:]
     assert trainer_state(run_dir)["status"] == "completed"
     assert [record["step"] for record in step_metrics(run_dir)] == list(range(1, TOTAL_STEPS + 1))
 
@@ -118,7 +95,7 @@ def test_a_multi_turn_tool_run_trains_through_tinker(tiny_model_dir: Path, tmp_p
         for call in service.calls("asample")
     ]
     assert any(TOOL_TURN in prompt for prompt in prompts) and any(TOOL_TURN not in prompt for prompt in prompts)
-    logged = [json.loads(line)["metrics"] for line in env_metrics.read_text().splitlines()]
+    logged = env_metrics_of(run_dir)
     agent = [metrics for metrics in logged if "agent/turns_per_episode" in metrics]
     assert agent and all(metrics["agent/turns_per_episode"] == 2.0 for metrics in agent), agent
     assert all(metrics["agent/tool_calls_per_episode"] == 1.0 for metrics in agent), agent

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.pipeline import child_environment, run_echo_pipeline, step_metrics
+from tests.trainer.pipeline import child_environment, run_pipeline, step_metrics
 
 TOTAL_STEPS = 24
 QUARTER = TOTAL_STEPS // 4
@@ -16,7 +16,7 @@ QUARTER = TOTAL_STEPS // 4
 
 def train(tmp_path: Path, model_dir: Path, name: str, **tinker: object) -> list[dict[str, float]]:
     run_dir = tmp_path / name
-    run = run_echo_pipeline(
+    run = run_pipeline(
         run_dir,
         model_dir=model_dir,
         total_steps=TOTAL_STEPS,
