@@ -226,8 +226,11 @@ def _validation_code(error: RequestValidationError) -> tuple[str, str | None]:
 
 
 def request_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    """The request's tools as chat templates take them (the `function` objects), checked against `tool_choice`;
-    None when the model is not to see any (no tools, or `tool_choice: "none"`)."""
+    """The request's tools as chat templates take them, checked against `tool_choice`; None when the model is not to
+    see any (no tools, or `tool_choice: "none"`). Each is OpenAI's `{"type": "function", "function": {...}}`, as vLLM
+    and transformers hand tools to a template and as a tool environment rendered them in training
+    (rlctl/environment_kit/agents.py): a checkpoint served here sees the prompt it was trained on. A bare function
+    object is wrapped so."""
     tools = body.tools or []
     functions = [tool.get("function", tool) if isinstance(tool, dict) else None for tool in tools]
     names = set()
@@ -251,7 +254,7 @@ def request_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
         raise InvalidRequest('tool_choice "required" needs tools', "invalid_tool_choice", "tool_choice")
     if choice == "none" or not functions:
         return None
-    return cast(list[dict[str, Any]], functions)
+    return [{"type": "function", "function": function} for function in cast(list[dict[str, Any]], functions)]
 
 
 def check_penalties(body: CompletionRequest | ChatCompletionRequest) -> None:

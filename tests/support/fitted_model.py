@@ -77,7 +77,10 @@ def _fit(base: Path, directory: Path) -> None:
     batches = []
     for messages, tool, reply in _examples():
         prompt = tokenizer.apply_chat_template(
-            messages, tools=[tool["function"]], tokenize=False, add_generation_prompt=True
+            messages,
+            tools=[tool],
+            tokenize=False,
+            add_generation_prompt=True,  # as the inference server renders it
         )
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         reply_ids = tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)

@@ -217,7 +217,7 @@ def test_content_parts_tool_calls_and_tools_reach_the_chat_template(served: tupl
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "forty-two"},
         ],
-        tools=[tools[0]["function"]],
+        tools=tools,  # as OpenAI sends them: {"type": "function", "function": {...}}
         tokenize=False,
         add_generation_prompt=True,
     )
