@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,9 @@ from atroposlib.envs.base import APIServerConfig
 from pydantic import Field
 
 from rlctl.environment_kit.agents import Episode, ToolCallFailed
+from rlctl.environment_kit.answers import first_number_is
 from rlctl.environment_kit.servers import built_tiny_model, local_model_server
 from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTask
-from rlctl.trajectories.tool_calls import split_tool_calls
 
 DIGITS = "0123456789"
 PRIMED_SUBDIR = Path("models") / "tiny-qwen3-tool_lookup-choice"  # a new name when the design changes
@@ -37,10 +36,8 @@ PRIMING_STEPS, PRIMING_LEARNING_RATE = 150, 1e-2
 
 
 def answer_is_value(task: ToolTask, episode: Episode) -> float:
-    """1 when the policy's final answer (its last reply, outside any tool call) has the value as its first number:
-    an answer listing many numbers, which would contain any value, gets nothing."""
-    numbers = re.findall(r"\d+", split_tool_calls(episode.final_reply).content)
-    return 1.0 if numbers and numbers[0] == task.data["value"] else 0.0
+    """1 when the final answer's first number is the value (`first_number_is`)."""
+    return first_number_is(episode, task.data["value"])
 
 
 def looked_up(task: ToolTask, episode: Episode) -> float:

@@ -18,7 +18,7 @@ import inspect
 import json
 import random
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,11 +112,12 @@ class SandboxTools:
 
 class EpisodeToolbox:
     """The toolbox of `tools` for one episode, opened at its first call (an episode that calls none of them starts
-    no sandbox) and closed with the episode."""
+    no sandbox) with the task's `files` written into its work directory, and closed with the episode."""
 
-    def __init__(self, tools: SandboxTools, workdir: Path) -> None:
+    def __init__(self, tools: SandboxTools, workdir: Path, files: Mapping[str, str] | None = None) -> None:
         self.tools = tools
         self.workdir = workdir
+        self.files = dict(files or {})
         self._toolbox: Toolbox | None = None
         self._opening = asyncio.Lock()
 
@@ -124,8 +125,18 @@ class EpisodeToolbox:
         async with self._opening:
             if self._toolbox is None:
                 self.workdir.mkdir()
-                self._toolbox = await asyncio.to_thread(self.tools.open, self.workdir)
+                self._toolbox = await asyncio.to_thread(self._opened)
             return self._toolbox
+
+    def _opened(self) -> Toolbox:
+        toolbox = self.tools.open(self.workdir)
+        try:
+            for path, content in self.files.items():  # through the work directory's own checks and limits
+                toolbox.workdir.write(path, content.encode("utf-8"))
+        except BaseException:
+            toolbox.close()
+            raise
+        return toolbox
 
     async def close(self) -> None:
         if self._toolbox is not None:
@@ -147,11 +158,13 @@ class EpisodeToolbox:
 
 @dataclass
 class ToolTask:
-    """One task: the conversation's opening `messages`, its `tools`, and whatever the rewards check (`data`)."""
+    """One task: the conversation's opening `messages`, its `tools`, whatever the rewards check (`data`), and the
+    `files` (path: text) its sandboxed tools find in their work directory."""
 
     messages: list[dict[str, Any]]
     tools: Sequence[Tool | SandboxTools]
     data: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def task_schemas(task: ToolTask) -> list[dict[str, Any]]:
@@ -235,7 +248,7 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
             tools: dict[str, BoundTool] = {}
             for index, tool in enumerate(task.tools):
                 if isinstance(tool, SandboxTools):
-                    toolbox = EpisodeToolbox(tool, scratch / f"sandbox-{index}")
+                    toolbox = EpisodeToolbox(tool, scratch / f"sandbox-{index}", task.files)
                     stack.push_async_callback(toolbox.close)
                     tools.update(toolbox.bound())
                 else:

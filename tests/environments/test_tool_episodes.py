@@ -158,22 +158,24 @@ def test_the_collections_sandboxed_tools_run_in_one_kept_sandbox_per_episode(tmp
         SandboxTools(names=("browser",))
 
     async def episode() -> tuple[dict, ...]:
-        toolbox = EpisodeToolbox(tools, tmp_path / "sandbox")
+        toolbox = EpisodeToolbox(tools, tmp_path / "sandbox", files={"given/seed.txt": "42"})
         assert not (tmp_path / "sandbox").exists()  # no call yet: no sandbox
         bound = toolbox.bound()
         try:
             wrote = json.loads(await bound["write_file"]({"path": "f.txt", "content": "hi\n"}))
             ran = json.loads(await bound["terminal"]({"command": "cat f.txt && echo more >> f.txt && ls /root"}))
             read = json.loads(await bound["read_file"]({"path": "f.txt"}))
+            given = json.loads(await bound["terminal"]({"command": "cat given/seed.txt"}))
             with pytest.raises(ToolCallFailed, match="timed out") as timed_out:
                 await bound["terminal"]({"command": "sleep 30"})
             with pytest.raises(ToolCallFailed, match="outside the working directory"):
                 await bound["read_file"]({"path": "../outside.txt"})
         finally:
             await toolbox.close()
-        return wrote, ran, read, json.loads(timed_out.value.result)
+        return wrote, ran, read, given, json.loads(timed_out.value.result)
 
-    wrote, ran, read, timed_out = asyncio.run(episode())
+    wrote, ran, read, given, timed_out = asyncio.run(episode())
+    assert given["output"] == "42"  # the task's files are in the work directory before its first call
     assert wrote["written_bytes"] == 3
     assert ran["output"].startswith("hi\n") and ran["exit_code"] != 0  # /root is not in the sandbox's view
     assert read["content"] == "hi\nmore\n"  # the same work directory for every call of the episode

@@ -1,0 +1,15 @@
+"""What a tool environment's rewards read off a finished episode: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import re
+
+from rlctl.environment_kit.agents import Episode
+from rlctl.trajectories.tool_calls import split_tool_calls
+
+
+def first_number_is(episode: Episode, value: str) -> float:
+    """1 when the policy's final answer (its last reply, outside any tool call) has `value` as its first number:
+    an answer listing many numbers, which would contain any value, gets nothing."""
+    numbers = re.findall(r"\d+", split_tool_calls(episode.final_reply).content)
+    return 1.0 if numbers and numbers[0] == value else 0.0
