@@ -27,7 +27,7 @@ from pydantic import Field
 
 from rlctl.environment_kit.agents import Episode
 from rlctl.environment_kit.answers import first_number_is
-from rlctl.environment_kit.servers import built_tiny_model, local_model_server
+from rlctl.environment_kit.servers import built_tiny_model, primed_tool_env_init
 from rlctl.environment_kit.tool_env import SandboxTools, ToolEnv, ToolEnvConfig, ToolTask
 
 DIGITS = "0123456789"
@@ -118,19 +118,7 @@ class FileLookupEnv(ToolEnv):
 
     @classmethod
     def config_init(cls) -> tuple[FileLookupConfig, list[APIServerConfig]]:
-        model = str(primed_model_dir())
-        config = FileLookupConfig(
-            tokenizer_name=model,
-            group_size=8,
-            batch_size=32,
-            total_steps=24,
-            steps_per_eval=1000,
-            max_token_length=1024,  # the read_file schema in the system turn is about 300 characters
-            use_wandb=False,
-            wandb_name="file_lookup",
-            ensure_scores_are_not_same=False,  # as echo: the trainer skips solved groups itself
-        )
-        return config, [local_model_server(model)]
+        return primed_tool_env_init(FileLookupConfig, primed_model_dir(), "file_lookup")
 
     def next_task(self, rng: random.Random) -> ToolTask:
         return file_task(rng, self.config.digits)

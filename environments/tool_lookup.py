@@ -26,7 +26,7 @@ from pydantic import Field
 
 from rlctl.environment_kit.agents import Episode, ToolCallFailed
 from rlctl.environment_kit.answers import first_number_is
-from rlctl.environment_kit.servers import built_tiny_model, local_model_server
+from rlctl.environment_kit.servers import built_tiny_model, primed_tool_env_init
 from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTask
 
 DIGITS = "0123456789"
@@ -141,19 +141,7 @@ class ToolLookupEnv(ToolEnv):
 
     @classmethod
     def config_init(cls) -> tuple[ToolLookupConfig, list[APIServerConfig]]:
-        model = str(primed_model_dir())
-        config = ToolLookupConfig(
-            tokenizer_name=model,
-            group_size=8,
-            batch_size=32,
-            total_steps=24,
-            steps_per_eval=1000,
-            max_token_length=1024,  # the two tools' schemas in the system turn are about 450 characters
-            use_wandb=False,
-            wandb_name="tool_lookup",
-            ensure_scores_are_not_same=False,  # as echo: the trainer skips solved groups itself
-        )
-        return config, [local_model_server(model)]
+        return primed_tool_env_init(ToolLookupConfig, primed_model_dir(), "tool_lookup")
 
     def next_task(self, rng: random.Random) -> ToolTask:
         return lookup_task(rng, self.config.key, self.config.digits)

@@ -617,13 +617,8 @@ def collection(client: ApiClient, args: argparse.Namespace) -> int:
         body["model"] = args.model
     if args.checkpoint:
         body["model"] = {key: value for key, value in _init_from(args.checkpoint).items() if value is not None}
-    current = client.post("/collections", body)
-    progress = output.Progress()
-    while args.wait and current["status"] not in COLLECTION_TERMINAL:
-        time.sleep(args.interval)
-        current = client.get(f"/collections/{_segment(current['id'])}")
-        progress.update(f"collection {current['id']}: {current['status']} {_collection_progress(current)}")
-    progress.done()
+    started = client.post("/collections", body)
+    current = _followed(client, args, "collection", started, COLLECTION_TERMINAL, _collection_progress)
     _emit(args, current, _collection_text)
     return 0 if not args.wait or current["status"] == "completed" else 1
 
@@ -655,13 +650,7 @@ def evaluation(client: ApiClient, args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
     }
     started = client.post("/evaluations", {k: v for k, v in body.items() if v is not None})
-    current = started
-    progress = output.Progress()
-    while args.wait and current["status"] not in JOB_TERMINAL:
-        time.sleep(args.interval)
-        current = client.get(f"/evaluations/{_segment(started['id'])}")
-        progress.update(f"evaluation {current['id']}: {current['status']} {output.bar(**current['progress'])}")
-    progress.done()
+    current = _followed(client, args, "evaluation", started, JOB_TERMINAL, lambda e: output.bar(**e["progress"]))
     columns = ["name", "mean_reward", "difference", "interval", "win_rate", "samples", "unscored_prompts"]
     _emit(args, current, lambda e: output.generic_table(e.get("models") or [], columns) or _record_text(e))
     if args.wait and current["status"] != "succeeded":
@@ -671,6 +660,26 @@ def evaluation(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 # --- helpers ---
+
+
+def _followed(
+    client: ApiClient,
+    args: argparse.Namespace,
+    kind: str,
+    started: dict[str, Any],
+    terminal: frozenset[str],
+    progress_of: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """`started` (a `/{kind}s` resource) polled until its status is terminal, with a progress line; as it is
+    with --no-wait."""
+    current = started
+    progress = output.Progress()
+    while args.wait and current["status"] not in terminal:
+        time.sleep(args.interval)
+        current = client.get(f"/{kind}s/{_segment(started['id'])}")
+        progress.update(f"{kind} {current['id']}: {current['status']} {progress_of(current)}")
+    progress.done()
+    return current
 
 
 def _record_text(record: Any) -> str:
