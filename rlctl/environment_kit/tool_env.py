@@ -36,7 +36,7 @@ from rlctl.environment_kit.agents import (
     run_group,
     server_sampler,
 )
-from rlctl.sandbox.bubblewrap import require_sandbox
+from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
 from rlctl.sandbox.toolbox import SCHEMAS, TOOL_NAMES, Toolbox
 from rlctl.trajectories.tool_calls import ParsedToolCall
 
@@ -104,9 +104,16 @@ class SandboxTools:
         return [SCHEMAS[name] for name in TOOL_NAMES if name in self.names]
 
     def open(self, workdir: Path) -> Toolbox:
-        """The toolbox of one episode, in `workdir` (an empty directory); close it when the episode ends."""
-        sandbox = require_sandbox(self.bwrap, self.sandbox_uid)
-        sandbox.prepare(workdir)
+        """The toolbox of one episode, in `workdir` (an empty directory); close it when the episode ends. `terminal`
+        needs the sandbox (SandboxUnavailable without); the file tools, confined by the work directory's own checks,
+        run without one where none can be made, as a collection's do."""
+        if "terminal" in self.names:
+            sandbox: Sandbox | None = require_sandbox(self.bwrap, self.sandbox_uid)
+        else:
+            found = find_sandbox(self.bwrap, self.sandbox_uid)
+            sandbox = None if isinstance(found, str) else found
+        if sandbox is not None:
+            sandbox.prepare(workdir)
         return Toolbox(list(self.names), workdir, self.timeout_s, self.output_limit, sandbox=sandbox)
 
 

@@ -24,6 +24,7 @@ from rlctl.environment_kit.agents import (
 )
 from rlctl.environment_kit.priming import assistant_masked
 from rlctl.environment_kit.tool_env import EpisodeToolbox, SandboxTools, Tool, ToolTask, compose, task_schemas
+from rlctl.sandbox.errors import SandboxUnavailable
 from rlctl.trainer.tiny_model import build_tokenizer
 from rlctl.trajectories.tool_calls import ParsedToolCall
 from tests.support.sandbox import required_sandbox
@@ -192,3 +193,25 @@ def test_priming_learns_only_the_assistant_turns() -> None:
     learned = tokenizer.decode([label for label in labels if label != MASKED])
     value = messages[2]["content"]
     assert learned == CALL + "<|im_end|>\n" + value + "<|im_end|>\n"
+
+
+def test_the_file_tools_run_without_a_sandbox_where_none_can_be_made(tmp_path: Path) -> None:
+    """As a collection's: confined by the work directory's checks; `terminal` alone needs the sandbox."""
+    absent = "rlctl-test-no-such-bwrap"
+
+    async def episode() -> tuple[dict, dict]:
+        toolbox = EpisodeToolbox(SandboxTools(names=("read_file", "write_file"), bwrap=absent), tmp_path / "files")
+        bound = toolbox.bound()
+        try:
+            wrote = json.loads(await bound["write_file"]({"path": "a.txt", "content": "7"}))
+            read = json.loads(await bound["read_file"]({"path": "a.txt"}))
+            with pytest.raises(ToolCallFailed, match="outside the working directory"):
+                await bound["read_file"]({"path": "/etc/hostname"})
+        finally:
+            await toolbox.close()
+        return wrote, read
+
+    wrote, read = asyncio.run(episode())
+    assert wrote["written_bytes"] == 1 and read["content"] == "7"
+    with pytest.raises(SandboxUnavailable, match="not installed"):
+        SandboxTools(names=("terminal",), bwrap=absent).open(tmp_path / "shell")
