@@ -51,6 +51,24 @@ def test_the_newest_outcome_is_the_answer_until_it_is_too_old() -> None:
         assert behind.value.details == {"at": 1}
 
 
+def test_a_check_that_fails_otherwise_is_not_ready_and_the_checks_go_on() -> None:
+    outcomes: list[Exception | Readiness] = [RuntimeError("pool closed"), READY]
+
+    async def check() -> Readiness:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monitor = ReadinessMonitor(check, interval_s=1.0, max_age_s=5.0)
+    asyncio.run(monitor.refresh())
+    with pytest.raises(Unavailable, match="readiness check failed") as failed:
+        monitor.current()
+    assert failed.value.details == {"reason": "RuntimeError"}
+    asyncio.run(monitor.refresh())
+    assert monitor.current() == READY
+
+
 def test_a_check_that_hangs_is_not_ready_after_max_age() -> None:
     async def hangs() -> Readiness:
         await asyncio.Event().wait()

@@ -65,6 +65,8 @@ class ReadinessMonitor(Component):
             outcome = _NotReady(exc.message, dict(exc.details or {}))
         except TimeoutError:
             outcome = _NotReady("database check timed out", {"timeout_s": self.max_age_s})
+        except Exception as exc:  # any other failure is an answer too: the checks must go on
+            outcome = _NotReady("readiness check failed", {"reason": type(exc).__name__})
         self._latest = (self._clock(), outcome)
 
     async def start(self) -> None:
