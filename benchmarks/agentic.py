@@ -1,8 +1,10 @@
 """Online multi-turn tool training on the tiny model: `run-api`, the trainer (local backend) and
-`environments/tool_lookup.py`, real processes wired by one run YAML, as tests/trainer/test_agentic_pipeline.py runs
-them.
+`environments/tool_lookup.py` (a pure-Python tool) or, with `--environment file_lookup`, `environments/file_lookup.py`
+(the collections' sandboxed `read_file`, one kept sandbox per episode), real processes wired by one run YAML, as
+tests/trainer/test_agentic_pipeline.py runs them.
 
-    .venv/bin/python benchmarks/agentic.py [--steps 24] [--group-size 8] [--batch-size 32] [--calls 50]
+    .venv/bin/python benchmarks/agentic.py [--environment tool_lookup|file_lookup] [--steps 24] [--group-size 8]
+        [--batch-size 32] [--calls 50]
 
 Printed: the reward curve (mean reward per step, and first quarter → last quarter); tool calls, failed calls and
 turns per episode (the environment's `agent/...` metrics); rollout turns per second (replies sampled over the wall
@@ -27,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from environments.tool_lookup import lookup_tool, prime_model  # noqa: E402 - after the repository is on the path
+from environments import file_lookup, tool_lookup  # noqa: E402 - after the repository is on the path
+from environments.tool_lookup import lookup_tool  # noqa: E402
 from rlctl.environment_kit.tool_env import EpisodeToolbox, SandboxTools  # noqa: E402
 from rlctl.sandbox.bubblewrap import find_sandbox  # noqa: E402
 from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
@@ -44,12 +47,16 @@ from tests.trainer.pipeline import (  # noqa: E402
     write_run_yaml,
 )
 
+PRIMERS = {"tool_lookup": tool_lookup.prime_model, "file_lookup": file_lookup.prime_model}
 
-def run(work: Path, steps: int, group_size: int, batch_size: int) -> tuple[list[dict], list[dict], float]:
+
+def run(
+    work: Path, environment: str, steps: int, group_size: int, batch_size: int
+) -> tuple[list[dict], list[dict], float]:
     """The run's step records, the environment's metric records, and its wall time from the first step's start."""
     tiny = init_tiny_model(work / "tiny-qwen3")
     started = time.perf_counter()
-    primed = prime_model(output=work / "tiny-qwen3-tool_lookup", base=tiny)
+    primed = PRIMERS[environment](output=work / f"tiny-qwen3-{environment}", base=tiny)
     print(f"priming: {time.perf_counter() - started:.1f} s")
     api_port, inference_port = free_port(), free_port()
     run_dir = work / "run"
@@ -71,12 +78,12 @@ def run(work: Path, steps: int, group_size: int, batch_size: int) -> tuple[list[
         },
         tinker={"save_checkpoint_interval": 100000, "learning_rate": 5e-3, "max_token_trainer_length": 1536},
     )
-    environment = metrics_environment(work / "var", run_dir)
+    served = metrics_environment(work / "var", run_dir)
     with processes() as start:
-        start_api(start, run_dir, api_port, environment)
-        trainer = start_trainer(start, config, environment)
+        start_api(start, run_dir, api_port, served)
+        trainer = start_trainer(start, config, served)
         wait_http(f"http://127.0.0.1:{inference_port}/health", trainer, 180)
-        start_environment(start, "tool_lookup.py", config, environment)
+        start_environment(start, f"{environment}.py", config, served)
         started = time.perf_counter()
         if trainer.wait(3600) != 0:
             raise SystemExit(f"the trainer failed:\n{trainer.log_tail()}")
@@ -158,13 +165,14 @@ async def _sandboxed_calls(scratch: Path, rounds: int, kept: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--environment", choices=sorted(PRIMERS), default="tool_lookup")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--calls", type=int, default=50, help="tool calls timed in-process (a fifth sandboxed)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlctl-agentic-") as work:
-        records, logged, wall = run(Path(work), args.steps, args.group_size, args.batch_size)
+        records, logged, wall = run(Path(work), args.environment, args.steps, args.group_size, args.batch_size)
         sampling_s = report_run(records, logged, wall, args.batch_size)
     report_tool_calls(args.calls, sampling_s)
 
