@@ -27,7 +27,7 @@ from pydantic import Field
 from rlctl.environment_kit.agents import Episode, ToolCallFailed
 from rlctl.environment_kit.answers import first_number_is
 from rlctl.environment_kit.servers import built_tiny_model, primed_tool_env_init
-from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTask
+from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTask, task_schemas
 
 DIGITS = "0123456789"
 PRIMED_SUBDIR = Path("models") / "tiny-qwen3-tool_lookup-choice"  # a new name when the design changes
@@ -103,7 +103,7 @@ def demonstration(
         {"role": "tool", "content": result, "name": tool},
         {"role": "assistant", "content": result},
     ]
-    return messages, [tool.schema() for tool in task.tools]
+    return messages, task_schemas(task)
 
 
 def primed_model_dir() -> Path:
