@@ -5,6 +5,7 @@ sets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -98,5 +99,38 @@ def test_started_it_checks_every_interval_until_stopped() -> None:
         await asyncio.sleep(0.01)
         return stopped_at
 
-    stopped_at = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    stopped_at = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert len(checks) == stopped_at  # no check after stop
+
+
+def test_stop_returns_even_when_a_check_swallows_its_cancellation() -> None:
+    """What asyncio.wait_for could do on Python 3.11 (a cancellation lost as the check ends): the service's shutdown
+    waited on the monitor for ever. Here the check itself swallows the first cancellation it gets."""
+    in_check = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def check() -> Readiness:
+        in_check.set()
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed.append(True)  # the first one is lost: the check ends as if nothing had happened
+        return READY
+
+    async def scenario() -> None:
+        monitor = ReadinessMonitor(check, interval_s=0.001, max_age_s=5.0)
+        await monitor.start()
+        in_check.clear()
+        await in_check.wait()  # a check of the loop is under way
+        stopping = asyncio.ensure_future(monitor.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=5)
+        if not done:  # the loop outlived its cancellation: end it (the check raises a second one) and fail
+            stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+        assert done, "stop() still waiting on the monitor's task"
+
+    asyncio.run(scenario())
+    assert swallowed == [True]

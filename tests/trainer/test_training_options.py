@@ -40,10 +40,15 @@ def test_each_loss_trains_echo_to_a_higher_reward(tiny_model_dir: Path, tmp_path
     first, last = mean(rewards[:QUARTER]), mean(rewards[-QUARTER:])
     print(f"{loss_fn}: first-quarter mean reward {first:.3f}, last-quarter {last:.3f}")
     assert last >= first + 0.05, rewards
-    for name in ("policy/entropy", "policy/clip_fraction", "kl/reference", "completion/truncated_share"):
-        assert all(name in step for step in metrics), name
-    assert all(0.0 <= step["policy/clip_fraction"] <= 1.0 for step in metrics)
-    assert all(step["policy/entropy"] > 0 for step in metrics)
+    assert all("completion/truncated_share" in step for step in metrics)
+    # a step whose groups were all skipped (every rollout scored alike, as a policy that has learnt makes them)
+    # trains nothing, so it has no policy to measure; every step that trained has the policy's metrics
+    trained = [step for step in metrics if step["batch/trained_tokens"] > 0]
+    assert len(trained) >= len(metrics) // 2, [step["batch/skipped_groups"] for step in metrics]
+    for name in ("policy/entropy", "policy/clip_fraction", "kl/reference"):
+        assert all(name in step for step in trained), name
+    assert all(0.0 <= step["policy/clip_fraction"] <= 1.0 for step in trained)
+    assert all(step["policy/entropy"] > 0 for step in trained)
 
 
 def test_a_kl_penalty_keeps_the_policy_closer_to_the_reference(tiny_model_dir: Path, tmp_path: Path) -> None:

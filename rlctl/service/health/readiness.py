@@ -55,12 +55,16 @@ class ReadinessMonitor(Component):
         self._clock = clock
         self._latest: tuple[float, Readiness | _NotReady] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def refresh(self) -> None:
         """Run the check once and keep its outcome."""
         outcome: Readiness | _NotReady
         try:
-            outcome = await asyncio.wait_for(self._check(), self.max_age_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that arrives as the
+            # check ends, and the service's shutdown then waited on this task for ever
+            async with asyncio.timeout(self.max_age_s):
+                outcome = await self._check()
         except Unavailable as exc:
             outcome = _NotReady(exc.message, dict(exc.details or {}))
         except TimeoutError:
@@ -75,6 +79,9 @@ class ReadinessMonitor(Component):
         self._task = asyncio.create_task(self._every_interval(), name="rlctl-readiness")
 
     async def stop(self) -> None:
+        """No check after this returns; one under way is cancelled (and, were its cancellation lost, the loop still
+        ends after it: `_stopping`)."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,6 +101,7 @@ class ReadinessMonitor(Component):
         return outcome
 
     async def _every_interval(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.interval_s)
-            await self.refresh()
+            if not self._stopping:
+                await self.refresh()
