@@ -26,7 +26,7 @@ from atroposlib.envs.base import APIServerConfig
 from pydantic import Field
 
 from rlctl.environment_kit.agents import Episode
-from rlctl.environment_kit.answers import first_number_is
+from rlctl.environment_kit.answers import answer_is_value
 from rlctl.environment_kit.servers import built_tiny_model, primed_tool_env_init
 from rlctl.environment_kit.tool_env import SandboxTools, ToolEnv, ToolEnvConfig, ToolTask
 
@@ -45,11 +45,6 @@ def read_the_code(task: ToolTask, episode: Episode) -> float:
         if call.name == "read_file" and not failed and json.loads(result).get("content") == task.data["value"]:
             return 1.0
     return 0.0
-
-
-def answer_is_value(task: ToolTask, episode: Episode) -> float:
-    """1 when the final answer's first number is the value (`first_number_is`)."""
-    return first_number_is(episode, task.data["value"])
 
 
 class FileLookupConfig(ToolEnvConfig):

@@ -25,7 +25,7 @@ from atroposlib.envs.base import APIServerConfig
 from pydantic import Field
 
 from rlctl.environment_kit.agents import Episode, ToolCallFailed
-from rlctl.environment_kit.answers import first_number_is
+from rlctl.environment_kit.answers import answer_is_value
 from rlctl.environment_kit.servers import built_tiny_model, primed_tool_env_init
 from rlctl.environment_kit.tool_env import Tool, ToolEnv, ToolEnvConfig, ToolTask, task_schemas
 
@@ -33,11 +33,6 @@ DIGITS = "0123456789"
 PRIMED_SUBDIR = Path("models") / "tiny-qwen3-tool_lookup-choice"  # a new name when the design changes
 # Primed on as many `guess` as `lookup` demonstrations: the format is learnt, the choice of tool left to RL.
 PRIMING_STEPS, PRIMING_LEARNING_RATE = 150, 1e-2
-
-
-def answer_is_value(task: ToolTask, episode: Episode) -> float:
-    """1 when the final answer's first number is the value (`first_number_is`)."""
-    return first_number_is(episode, task.data["value"])
 
 
 def looked_up(task: ToolTask, episode: Episode) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.tool_lookup import answer_is_value, demonstration, looked_up, lookup_task
+from environments.tool_lookup import demonstration, looked_up, lookup_task
 from rlctl.environment_kit.agents import (
     MASKED,
     Sampled,
@@ -22,6 +22,7 @@ from rlctl.environment_kit.agents import (
     episode_metrics,
     run_episode,
 )
+from rlctl.environment_kit.answers import answer_is_value
 from rlctl.environment_kit.priming import assistant_masked
 from rlctl.environment_kit.tool_env import EpisodeToolbox, SandboxTools, Tool, ToolTask, compose, task_schemas
 from rlctl.sandbox.errors import SandboxUnavailable
