@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from rlctl.environment_kit.agents import Sampled, Sampler
 from rlctl.trainer.backends.base import SamplingRequest
-from rlctl.trainer.evaluate import ModelSampler, local_models, tinker_models
+from rlctl.trainer.evaluate import ModelSampler, child_main, evaluated_models
 
 
 def load_tool_env(spec: dict[str, Any]) -> Any:
@@ -64,7 +63,7 @@ def play_all(spec: dict[str, Any], out_path: Path) -> None:
     """Each model plays the environment's held-out tasks (see the module's docstring)."""
     env = load_tool_env(spec)
     tasks = env.held_out_tasks(int(spec["tasks"]))
-    models = tinker_models(spec) if spec.get("backend") == "tinker" else local_models(spec)
+    models = evaluated_models(spec)
     seed, temperature = int(spec.get("seed") or 0), float(spec["temperature"])
     with out_path.open("a", encoding="utf-8") as out:
         for model, sampler in models:
@@ -91,12 +90,7 @@ def play_all(spec: dict[str, Any], out_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2:
-        print("usage: python -m rlctl.environment_kit.evaluation SPEC.json OUT.jsonl", file=sys.stderr)
-        return 2
-    play_all(json.loads(Path(args[0]).read_text()), Path(args[1]))
-    return 0
+    return child_main(argv, "rlctl.environment_kit.evaluation", play_all)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -115,8 +115,13 @@ def tinker_models(spec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], ModelS
         session.close()
 
 
+def evaluated_models(spec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], ModelSampler]]:
+    """Each of the spec's models with its sampler, on its backend (Tinker, or the local one model at a time)."""
+    return tinker_models(spec) if spec.get("backend") == "tinker" else local_models(spec)
+
+
 def sample_all(spec: dict[str, Any], out_path: Path) -> None:
-    models = tinker_models(spec) if spec.get("backend") == "tinker" else local_models(spec)
+    models = evaluated_models(spec)
     with out_path.open("a", encoding="utf-8") as out:
         for model, sampler in models:
             tokenizer = sampler.tokenizer
@@ -143,13 +148,18 @@ def sample_all(spec: dict[str, Any], out_path: Path) -> None:
             del sampler
 
 
-def main(argv: list[str] | None = None) -> int:
+def child_main(argv: list[str] | None, module: str, play: Callable[[dict[str, Any], Path], None]) -> int:
+    """An evaluation child's command line, `python -m MODULE SPEC.json OUT.jsonl`: `play` the spec into OUT."""
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 2:
-        print("usage: python -m rlctl.trainer.evaluate SPEC.json OUT.jsonl", file=sys.stderr)
+        print(f"usage: python -m {module} SPEC.json OUT.jsonl", file=sys.stderr)
         return 2
-    sample_all(json.loads(Path(args[0]).read_text()), Path(args[1]))
+    play(json.loads(Path(args[0]).read_text()), Path(args[1]))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return child_main(argv, "rlctl.trainer.evaluate", sample_all)
 
 
 if __name__ == "__main__":
