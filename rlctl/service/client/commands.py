@@ -23,7 +23,7 @@ import yaml
 
 from rlctl.service.client import output
 from rlctl.service.client.api import DEFAULT_URL, ApiClient, ClientError, RateLimitedError
-from rlctl.service.collections.schemas import CollectionStatus
+from rlctl.service.collections.schemas import ENDED as COLLECTION_ENDED
 from rlctl.service.states import JOB_TERMINAL, RUN_TERMINAL, JobStatus, RunStatus
 
 PROCESSES = ("api", "trainer", "env")
@@ -606,9 +606,6 @@ def inference_test(client: ApiClient, args: argparse.Namespace) -> int:
     return _start_job(client, args, "/inference-tests", {k: v for k, v in body.items() if v is not None})
 
 
-COLLECTION_TERMINAL = frozenset({CollectionStatus.COMPLETED, CollectionStatus.CANCELLED, CollectionStatus.FAILED})
-
-
 def collection(client: ApiClient, args: argparse.Namespace) -> int:
     """POST /collections, then follow it to its dataset; a run's checkpoint is named RUN:STEP, as `runs start
     --init-from` names one."""
@@ -618,7 +615,7 @@ def collection(client: ApiClient, args: argparse.Namespace) -> int:
     if args.checkpoint:
         body["model"] = {key: value for key, value in _init_from(args.checkpoint).items() if value is not None}
     started = client.post("/collections", body)
-    current = _followed(client, args, "collection", started, COLLECTION_TERMINAL, _collection_progress)
+    current = _followed(client, args, "collection", started, COLLECTION_ENDED, _collection_progress)
     _emit(args, current, _collection_text)
     return 0 if not args.wait or current["status"] == "completed" else 1
 
