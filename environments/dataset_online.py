@@ -26,7 +26,7 @@ from pydantic import Field
 
 from rlctl.environment_kit.sampling import sample_group, scored_group
 from rlctl.environment_kit.servers import local_model_server, tiny_model_dir
-from rlctl.judging.client import JUDGE_KEY_ENV, CachedJudge, JudgeClient, MemoryVerdictCache, secret_scrubber
+from rlctl.judging.client import CachedJudge, judge_in_this_process
 from rlctl.judging.groups import judge_fresh_group, weighted_scores
 from rlctl.trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
 from rlctl.trajectories.records import TrajectoryRecord
@@ -85,21 +85,6 @@ def load_rewards(spec: list[dict[str, Any]], answer_field: str) -> list[Weighted
     return build_rewards(entries, scorers)
 
 
-def load_judge(options: dict[str, Any]) -> CachedJudge:
-    """The judge client of dataset scoring, with a cache in this process: the key is taken out of the environment
-    first, so the scorers' code imported after it cannot read it there."""
-    key = os.environ.pop(JUDGE_KEY_ENV, "") or "no-key"
-    client = JudgeClient(
-        options["base_url"],
-        key,
-        options["model"],
-        secret_scrubber([key]),
-        max_retries=int(options.get("max_retries", 2)),
-        timeout_s=float(options.get("timeout_s", 120.0)),
-    )
-    return CachedJudge(client, MemoryVerdictCache())
-
-
 def read_prompts(path: str | None) -> list[dict[str, Any]]:
     if not path or not os.path.exists(path):
         return []
@@ -152,7 +137,7 @@ class DatasetOnlineEnv(BaseEnv):
         if self.group_reward_names and not self.config.dataset_judge:
             raise ValueError("the judge and completion rewards need `dataset_judge`: rlctl sets it when it has a judge")
         if self.config.dataset_judge:
-            self.judge = load_judge(self.config.dataset_judge)  # before the scorers' code is imported
+            self.judge = judge_in_this_process(self.config.dataset_judge)  # before the scorers' code is imported
         self.rewards = load_rewards(self.config.rewards, self.config.answer_field)
 
     @property
@@ -222,11 +207,7 @@ class DatasetOnlineEnv(BaseEnv):
         wandb_metrics.update(self.eval_metrics)
         self.eval_metrics = []
         if self.judge is not None:  # running totals of the run
-            counters = self.judge.counters.as_dict()
-            wandb_metrics["judge/groups"] = counters["groups"]
-            wandb_metrics["judge/calls"] = counters["judge_calls"]
-            wandb_metrics["judge/cache_hits"] = counters["cache_hits"]
-            wandb_metrics["judge/failed_groups"] = counters["failed_groups"]
+            wandb_metrics.update(self.judge.counters.run_metrics())
             wandb_metrics["train/unscored_groups"] = self.unscored_groups
             wandb_metrics["eval/unscored_items"] = self.unscored_eval_items
         await super().wandb_log(wandb_metrics)

@@ -6,7 +6,9 @@ checkpoint's adapter, or Tinker) plus `"tool_env": {"file", "class_name", "confi
 built from its file with the run's own environment config, plays its first `tasks` held-out tasks, each
 `samples_per_prompt` times per model, by its own episode code (`ToolEnv.episode`, with this model as its sampler)
 and is scored by its own rewards (`ToolEnv.score`). A line per episode, a task's episodes of one model together:
-`{"model", "prompt_index", "sample", "reward", "turns", "tool_calls", "failed_calls"}`.
+`{"model", "prompt_index", "sample", "reward", "turns", "tool_calls", "failed_calls"}`, and the episode's `messages`
+when the environment has a `judge_rubric`: the service's judge scores each task's episodes of a model as a group
+and adds its score (this child never holds the judge's key).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def play_all(spec: dict[str, Any], out_path: Path) -> None:
     tasks = env.held_out_tasks(int(spec["tasks"]))
     models = evaluated_models(spec)
     seed, temperature = int(spec.get("seed") or 0), float(spec["temperature"])
+    judged = bool(env.config.judge_rubric)
     with out_path.open("a", encoding="utf-8") as out:
         for model, sampler in models:
             for index, task in enumerate(tasks):
@@ -82,6 +85,7 @@ def play_all(spec: dict[str, Any], out_path: Path) -> None:
                             "turns": stats.turns,
                             "tool_calls": stats.tool_calls,
                             "failed_calls": stats.failed_calls,
+                            **({"messages": episode.messages} if judged else {}),
                         }
                     )
                 out.write("".join(json.dumps(line) + "\n" for line in lines))

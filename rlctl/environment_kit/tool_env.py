@@ -36,9 +36,12 @@ from rlctl.environment_kit.agents import (
     run_group,
     server_sampler,
 )
+from rlctl.judging.client import CachedJudge, judge_in_this_process
+from rlctl.judging.groups import judged_scores
 from rlctl.sandbox.bubblewrap import Sandbox, find_sandbox, require_sandbox
 from rlctl.sandbox.toolbox import SCHEMAS, TOOL_NAMES, Toolbox
 from rlctl.trajectories.tool_calls import ParsedToolCall
+from rlctl.trajectories.training import record_of_conversation
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,16 @@ class ToolEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib has no t
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
     eval_items: int = Field(8, ge=0, description="Held-out tasks per evaluation, greedy (0: no evaluation).")
     seed: int = Field(0, description="Seed of the task stream.")
+    judge_rubric: str | None = Field(
+        None,
+        max_length=4000,
+        description="With a rubric, the service's judge scores each task's group of episodes against it, and its "
+        "score, times judge_weight, is added to the environment's own rewards (docs/TOOL_ENVIRONMENTS.md#judge).",
+    )
+    judge_weight: float = Field(1.0, ge=0.0, le=100.0, description="Weight of the judge's score (with judge_rubric).")
+    judge: dict[str, Any] | None = Field(
+        None, description="The service's judge (base_url, model; never its key), for judge_rubric; set by rlctl."
+    )
 
 
 class ToolEnv(BaseEnv):  # type: ignore[misc]
@@ -213,6 +226,9 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
         self.recent: list[tuple[float, Episode]] = []
         self.eval_metrics: list[tuple[str, float]] = []
         self._template: Template | None = None
+        self._judge: CachedJudge | None = None
+        self.unscored_groups = 0  # groups left out of training because the judge could not score them
+        self.unscored_eval_items = 0
 
     # --- what an author writes -------------------------------------------------------------------
 
@@ -223,7 +239,10 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
     # --- the rest ---------------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        """Tasks are drawn on the fly; nothing to load."""
+        """Tasks are drawn on the fly; with a `judge_rubric`, the judge's client is made now (a subclass's `setup`
+        calls this one)."""
+        if self.config.judge_rubric:  # a run without the service's judge fails at its start
+            self._judge = self._judge or self._service_judge()
 
     async def get_next_item(self) -> ToolTask:
         return self.next_task(self.tasks)
@@ -234,8 +253,34 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
             self._template = Template(self.tokenizer)
         return self._template
 
+    @property
+    def judge(self) -> CachedJudge:
+        """The service's judge, for `judge_rubric` (rlctl writes `judge` in the run's config and hands the key to
+        this process in its environment)."""
+        if self._judge is None:
+            self._judge = self._service_judge()
+        return self._judge
+
+    def _service_judge(self) -> CachedJudge:
+        if not self.config.judge:
+            raise ValueError("judge_rubric needs the service's judge: rlctl sets `judge` when it has one")
+        return judge_in_this_process(self.config.judge)
+
     def score(self, task: ToolTask, episode: Episode) -> float:
+        """The environment's own rewards of one episode (the judge's score, with `judge_rubric`, is added by
+        `score_group`)."""
         return compose(self.rewards, task, episode)
+
+    async def score_group(self, task: ToolTask, episodes: Sequence[Episode]) -> list[float] | None:
+        """The scores of a task's episodes, in order: their own rewards, plus the judge's score of the group against
+        `judge_rubric` times `judge_weight` when there is a rubric. None when the judge could not score the group:
+        it is left out, never 0."""
+        own = [self.score(task, episode) for episode in episodes]
+        rubric = self.config.judge_rubric
+        if not rubric:
+            return own
+        records = [record_of_conversation(episode.messages) for episode in episodes]
+        return await asyncio.to_thread(judged_scores, self.judge, records, rubric, own, self.config.judge_weight)
 
     def held_out_tasks(self, count: int) -> list[ToolTask]:
         """The first `count` held-out tasks (their own seeded stream, never the training one): what `evaluate` and
@@ -280,7 +325,10 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
 
     async def collect_trajectories(self, item: ToolTask) -> tuple[ScoredDataGroup | None, list[Any]]:
         episodes = await run_group([self.episode(item, self.config.temperature) for _ in range(self.config.group_size)])
-        scores = [self.score(item, episode) for episode in episodes]
+        scores = await self.score_group(item, episodes)
+        if scores is None:
+            self.unscored_groups += 1
+            return None, []
         self.recent.extend(zip(scores, episodes, strict=True))
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for episode, score in zip(episodes, scores, strict=True):
@@ -292,14 +340,20 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """Greedy episodes on held-out tasks (their own seeded stream): eval/percent_correct is the mean score,
-        eval/agent/... the turn statistics."""
+        """Greedy episodes on held-out tasks (their own seeded stream): eval/percent_correct is the mean score (the
+        judge scores each episode alone; one it cannot score is left out and counted), eval/agent/... the turn
+        statistics."""
         if self.config.eval_items == 0:
             return
         tasks = self.held_out_tasks(self.config.eval_items)
         episodes = await run_group([self.episode(task, 0.0, split="eval") for task in tasks])
-        scores = [self.score(task, episode) for task, episode in zip(tasks, episodes, strict=True)]
-        self.eval_metrics.append(("eval/percent_correct", sum(scores) / len(scores)))
+        judged = await asyncio.gather(
+            *(self.score_group(task, [episode]) for task, episode in zip(tasks, episodes, strict=True))
+        )
+        scores = [score for scored in judged if scored is not None for score in scored]
+        self.unscored_eval_items += sum(scored is None for scored in judged)
+        if scores:
+            self.eval_metrics.append(("eval/percent_correct", sum(scores) / len(scores)))
         self.eval_metrics.extend((f"eval/{key}", value) for key, value in episode_metrics(episodes).items())
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
@@ -311,4 +365,8 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
             self.recent = []
         wandb_metrics.update(self.eval_metrics)
         self.eval_metrics = []
+        if self._judge is not None:  # running totals of the run
+            wandb_metrics.update(self._judge.counters.run_metrics())
+            wandb_metrics["train/unscored_groups"] = self.unscored_groups
+            wandb_metrics["eval/unscored_items"] = self.unscored_eval_items
         await super().wandb_log(wandb_metrics)

@@ -7,6 +7,7 @@ before they are kept anywhere, and a failure leaves the group's records unscored
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -147,6 +148,15 @@ class JudgeCounters:
             "first_error": self.first_error,
         }
 
+    def run_metrics(self) -> dict[str, int]:
+        """The running totals a run's environment logs (`judge/...`)."""
+        return {
+            "judge/groups": self.groups,
+            "judge/calls": self.calls,
+            "judge/cache_hits": self.cache_hits,
+            "judge/failed_groups": self.failed_groups,
+        }
+
 
 class CachedJudge:
     """A judge whose verdicts are kept by content (model + rubric + the group's content hashes): a group seen
@@ -180,3 +190,19 @@ class CachedJudge:
 
     def close(self) -> None:
         self.client.close()
+
+
+def judge_in_this_process(options: dict[str, Any]) -> CachedJudge:
+    """The judge of a run's environment process (an online dataset run, a judged tool environment), from the options
+    rlctl wrote in its config (`base_url`, `model`, `max_retries`, `timeout_s`) with a cache in memory. The key is
+    taken out of the process's environment first, so code imported after it cannot read it there."""
+    key = os.environ.pop(JUDGE_KEY_ENV, "") or "no-key"
+    client = JudgeClient(
+        options["base_url"],
+        key,
+        options["model"],
+        secret_scrubber([key]),
+        max_retries=int(options.get("max_retries", 2)),
+        timeout_s=float(options.get("timeout_s", 120.0)),
+    )
+    return CachedJudge(client, MemoryVerdictCache())

@@ -153,3 +153,17 @@ def weighted_scores(
         except Unscored:
             return None
     return scores
+
+
+def judged_scores(
+    judge: CachedJudge, records: Sequence[TrajectoryRecord], rubric: str, plain: Sequence[float], weight: float
+) -> list[float] | None:
+    """A tool environment's episodes of one task, judged as one group against `rubric`: each episode's score is its
+    own rewards' sum (`plain`) plus `weight` times the judge's score. None when the judge could not score the group:
+    it is left out (of training, of an evaluation's mean), never 0. Blocking: the judge's calls."""
+    scores = []
+    for own, verdict in zip(plain, judge_in_chunks(judge, records, rubric), strict=True):
+        if verdict is None:
+            return None
+        scores.append(own + weight * verdict.score)
+    return scores

@@ -47,6 +47,20 @@ def record_with_completion(
     return TrajectoryRecord(turns=(*turns, Turn("gpt", completion)), metadata=dict(metadata or {}))
 
 
+def record_of_conversation(
+    messages: Sequence[dict[str, Any]], metadata: dict[str, Any] | None = None
+) -> TrajectoryRecord:
+    """A finished conversation (a tool environment's episode: chat messages whose assistant turns are the policy's
+    text, tool calls included, and whose tool turns are the tools' results) as a record, for the judge."""
+    roles = {chat: sharegpt for sharegpt, chat in CHAT_ROLES.items()}
+    turns = []
+    for message in messages:
+        role = roles[message["role"]]
+        name = message.get("name") if role == "tool" else None
+        turns.append(Turn(role, str(message.get("content") or ""), name=name))  # type: ignore[arg-type]
+    return TrajectoryRecord(turns=tuple(turns), metadata=dict(metadata or {}))
+
+
 def has_assistant_turn(record: TrajectoryRecord) -> bool:
     return any(turn.role == "gpt" for turn in record.turns)
 

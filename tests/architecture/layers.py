@@ -24,7 +24,7 @@ WINGS: dict[str, set[str]] = {
     "sandbox": set(),
     "trainer": {"trajectories"},
     "judging": {"trajectories"},
-    "environment_kit": {"trajectories", "trainer", "sandbox"},
+    "environment_kit": {"trajectories", "trainer", "sandbox", "judging"},
     "environments": {"trajectories", "judging", "environment_kit"},
     "service": {"supervisor", "sandbox", "trainer", "trajectories", "judging"},
     "migrations": {"service"},

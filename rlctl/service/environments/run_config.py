@@ -81,6 +81,8 @@ MANAGED_ENV_FIELDS = {
     "held_out_path": "The run's held-out prompts, written when the run is created.",
     "rewards": "The rewards of the request's dataset source.",
     "dataset_judge": "The judge of the request's online dataset source (URL, model, rubric; never its key).",
+    # A tool environment's run with a judge_rubric (docs/TOOL_ENVIRONMENTS.md#judge).
+    "judge": "The service's judge for the run's judge_rubric (URL, model; never its key).",
     "answer_field": "The answer field of the request's dataset source.",
     "sft_top_n": "The request's top_n of an sft dataset run.",
 }

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.judging.client import CachedJudge
-from rlctl.judging.groups import Decided, judge_fresh_group, weighted_scores
+from rlctl.judging.groups import Decided, judge_fresh_group, judged_scores, weighted_scores
 from rlctl.service.children import service_child_environment
 from rlctl.service.context import AppContext
 from rlctl.service.evaluations import stats
@@ -36,7 +36,7 @@ from rlctl.supervisor.run import read_tail
 from rlctl.trainer.retention import leased
 from rlctl.trajectories.judge import DEFAULT_RUBRIC, GROUP_REWARDS
 from rlctl.trajectories.records import TrajectoryRecord
-from rlctl.trajectories.training import record_with_completion
+from rlctl.trajectories.training import record_of_conversation, record_with_completion
 
 POLL_S = 0.25
 STOP_GRACE_S = 5.0
@@ -84,7 +84,7 @@ def run_evaluation(ctx: AppContext, handle: JobHandle) -> dict[str, Any]:
                 held.enter_context(leased(Path(model["weights"]), f"evaluation-{handle.job_id}"))
         _sample(ctx, handle, workdir, samples, total, tinker_environment(ctx.settings, params["backend"]))
     if params.get("tool_env"):
-        result = compare_episodes(params, prompts, samples)
+        result = compare_episodes(ctx, params, prompts, samples, handle)
     else:
         result = score_and_compare(ctx, params, prompts, samples, handle)
     (workdir / "result.json").write_text(json.dumps(result))
@@ -195,25 +195,73 @@ def score_and_compare(
 EPISODE_STATISTICS = {"tool_calls": "tool_calls_per_episode", "failed_calls": "failed_calls_per_episode"}
 
 
-def compare_episodes(params: dict[str, Any], prompts: list[dict[str, Any]], samples: Path) -> dict[str, Any]:
+def compare_episodes(
+    ctx: AppContext,
+    params: dict[str, Any],
+    prompts: list[dict[str, Any]],
+    samples: Path,
+    progress: Progress = NO_PROGRESS,
+) -> dict[str, Any]:
     """A tool environment's episodes, already scored by its own rewards in the child: compared as completions are,
-    with each model's per-episode means of turns, tool calls and failed calls beside its reward."""
+    with each model's per-episode means of turns, tool calls and failed calls beside its reward. With the
+    environment's `judge_rubric`, each model's episodes of a task go to the service's judge as one group (the judge
+    the run trained with) and its score times `judge_weight` is added; a group it cannot score leaves that task out
+    for that model, counted in `unscored_prompts`, never 0."""
+    config = params["tool_env"]["config"]
+    rubric, weight = config.get("judge_rubric"), float(config.get("judge_weight", 1.0))
+    judge: CachedJudge | None = None
+    if rubric:
+        model = (config.get("judge") or {}).get("model") or ctx.settings.judge_model
+        judge = make_judge(ctx.settings, ctx.db, model, ctx.scrub)
+        if judge is None:
+            raise JobFailed("the judge endpoint is no longer configured: set RLCTL_JUDGE_BASE_URL, evaluate again")
+
+    def scored(group: EpisodeGroup) -> tuple[EpisodeGroup, list[float] | None]:  # a worker thread: the judge's calls
+        own = [float(episode["reward"]) for episode in group[2]]
+        if judge is None:
+            return group, own
+        records = [record_of_conversation(episode["messages"]) for episode in group[2]]
+        return group, judged_scores(judge, records, rubric, own, weight)
+
     by_model: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    unscored: dict[str, set[int]] = defaultdict(set)
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    with samples.open(encoding="utf-8") as lines:
-        for line in lines:
-            episode = json.loads(line)
-            by_model[episode["model"]].setdefault(episode["prompt_index"], []).append(float(episode["reward"]))
-            for key in ("turns", "tool_calls", "failed_calls", "episodes"):
-                totals[episode["model"]][key] += episode.get(key, 1)
-    result = _comparison(params, prompts, by_model, {})
+    outcomes = ordered_map(scored, _episode_groups(samples), ctx.settings.judge_concurrency if judge else 1)
+    try:
+        for (model, index, episodes), rewards in outcomes:
+            for episode in episodes:
+                for key in ("turns", "tool_calls", "failed_calls", "episodes"):
+                    totals[model][key] += episode.get(key, 1)
+            if rewards is None:
+                unscored[model].add(index)
+            else:
+                by_model[model][index] = rewards
+            progress.check_cancelled()
+    finally:
+        outcomes.close()
+        if judge is not None:
+            judge.close()
+    result = _comparison(params, prompts, by_model, unscored)
     for entry in result["models"]:
         own = totals.get(entry["name"])
         count = own["episodes"] if own else 0
         entry["turns_per_episode"] = own["turns"] / count if own else None
         for key, name in EPISODE_STATISTICS.items():
             entry[name] = own[key] / count if own else None
+    if judge is not None:
+        result["judge"] = {"model": judge.client.model, **judge.counters.as_dict()}
     return result
+
+
+EpisodeGroup = tuple[str, int, list[dict[str, Any]]]  # (model name, task index, its episodes' lines)
+
+
+def _episode_groups(samples: Path) -> Iterator[EpisodeGroup]:
+    """The episodes file's groups in file order: the child writes a task's episodes of one model together."""
+    with samples.open(encoding="utf-8") as lines:
+        parsed = (json.loads(line) for line in lines)
+        for (model, index), group in groupby(parsed, key=lambda episode: (episode["model"], episode["prompt_index"])):
+            yield model, index, list(group)
 
 
 def _groups(samples: Path, prompts: list[dict[str, Any]]) -> Iterator[Group]:

@@ -93,6 +93,12 @@ def _plan(ctx: AppContext, request: EvaluationRequest) -> dict[str, Any]:
             raise ValidationFailed(
                 "a tool environment's evaluation is scored by the environment's own rewards", {"field": field}
             )
+        if env.get("judge_rubric") and judge_endpoint(ctx.settings) is None:
+            raise JudgeNotConfigured(
+                "the run's environment is scored by the judge (judge_rubric): set RLCTL_JUDGE_BASE_URL "
+                "(or OPENROUTER_API_KEY)",
+                {"field": "judge_rubric"},
+            )
         return {**common, "rewards": [], "judge": None, "tool_env": {**tool_env, "config": env}}
     prompts, _total = dataset_runs.read_prompts(paths.run_dir, request.split, 0, request.max_prompts)
     if not prompts:

@@ -5,6 +5,7 @@ with the online dataset environment."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
@@ -25,6 +26,20 @@ def judge_endpoint(settings: Settings) -> tuple[str, str] | None:
     if settings.openrouter_api_key:
         return settings.openrouter_base_url, settings.openrouter_api_key.get_secret_value()
     return None
+
+
+def judge_options(settings: Settings, model: str | None = None, rubric: str | None = None) -> dict[str, Any]:
+    """What a run's environment process needs to ask the configured judge (written in its config): never the key,
+    which reaches that process in its environment only (rlctl/service/runs/launch.py) and is written nowhere."""
+    endpoint = judge_endpoint(settings)
+    assert endpoint is not None  # checked before the run is recorded
+    return {
+        "base_url": endpoint[0],
+        "model": model or settings.judge_model,
+        "rubric": rubric,
+        "max_retries": settings.judge_max_retries,
+        "timeout_s": settings.judge_timeout_s,
+    }
 
 
 class DatabaseVerdictCache:

@@ -29,7 +29,7 @@ from rlctl.service.environments.schemas import DATASET_OFFLINE, DATASET_ONLINE
 from rlctl.service.errors import FieldLocked, ValidationFailed
 from rlctl.service.rewards.errors import JudgeNotConfigured
 from rlctl.service.rewards.grouping import record_at, sorted_group_keys
-from rlctl.service.rewards.judge import judge_endpoint
+from rlctl.service.rewards.judge import judge_endpoint, judge_options
 from rlctl.service.rewards.schemas import RewardSpec
 from rlctl.service.rewards.service import check_rewards
 from rlctl.service.runs.schemas import DatasetMode, DatasetSource
@@ -335,18 +335,8 @@ def managed_values(ctx: AppContext, source: DatasetSource, run_dir: Path) -> dic
 
 
 def _judge_entry(ctx: AppContext, source: DatasetSource) -> dict[str, Any]:
-    """What the environment needs to ask the judge: never the key, which reaches the environment process in its
-    environment (rlctl/service/runs/launch.py) and is written nowhere."""
-    endpoint = judge_endpoint(ctx.settings)
-    assert endpoint is not None  # checked before the run is recorded
-    settings = ctx.settings
-    return {
-        "base_url": endpoint[0],
-        "model": (source.judge and source.judge.model) or settings.judge_model,
-        "rubric": source.judge.rubric if source.judge else None,
-        "max_retries": settings.judge_max_retries,
-        "timeout_s": settings.judge_timeout_s,
-    }
+    chosen = source.judge
+    return judge_options(ctx.settings, chosen.model if chosen else None, chosen.rubric if chosen else None)
 
 
 def read_plan(run_dir: Path) -> dict[str, Any] | None:

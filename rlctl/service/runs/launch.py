@@ -130,13 +130,15 @@ def environment_environment(settings: Settings, paths: RunPaths, wandb_mode: Wan
 
 
 def judge_key(settings: Settings, paths: RunPaths) -> str | None:
-    """The judge's key for an online dataset run that judges (its YAML names `dataset_judge`, never the key): it
-    reaches the environment process in its environment only, read from the settings at each start."""
+    """The judge's key for a run whose environment asks the judge (its YAML names `dataset_judge`, an online dataset
+    run's, or `judge`, a tool environment's with a rubric; never the key): it reaches the environment process in its
+    environment only, read from the settings at each start."""
     try:
         merged = yaml.safe_load(paths.config.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return None
-    if not (merged.get("env") or {}).get("dataset_judge"):
+    env = merged.get("env") or {}
+    if not (env.get("dataset_judge") or env.get("judge")):
         return None
     endpoint = judge_endpoint(settings)
     return endpoint[1] if endpoint else None

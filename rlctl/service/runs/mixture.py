@@ -20,6 +20,7 @@ from rlctl.service.environments import service as environments
 from rlctl.service.errors import ServiceError, ValidationFailed
 from rlctl.service.runs.datasets import DATASET_ENVIRONMENTS
 from rlctl.service.runs.schemas import EnvironmentShare
+from rlctl.service.runs.tool_judge import managed_judge
 from rlctl.service.settings import Backend
 
 MIXTURE_KEY = "mixture"  # the merged config's section of a mixed run
@@ -76,7 +77,10 @@ def mixture_section(
     """Each environment's name, weight, metric prefix and `env` section (the first's is the run's own)."""
     section = []
     for index, member in enumerate(members):
-        env = primary["env"] if index == 0 else member.plan.merge(ctx, placement, wandb_enabled)["env"]
+        if index == 0:
+            env = primary["env"]
+        else:
+            env = member.plan.merge(ctx, placement, wandb_enabled, managed=managed_judge(ctx, member.plan))["env"]
         env = {**env, "inference_weight": member.share.weight}
         if "wandb_name" in env:
             env["wandb_name"] = f"{env['wandb_name']}-{index}"

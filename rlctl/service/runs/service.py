@@ -82,6 +82,7 @@ from rlctl.service.runs.schemas import (
     RunStatusOut,
     RunSummary,
 )
+from rlctl.service.runs.tool_judge import managed_judge
 from rlctl.service.runs.wandb import WandbMode, WandbPlan, offline_requested, plan_wandb, probe_wandb
 from rlctl.service.settings import Backend
 from rlctl.service.states import ProcessStatus, RunStatus
@@ -190,7 +191,7 @@ def _merged_config(
     recorded: the run's directory is new, so nothing else lives there to keep when that fails."""
     placement = run_config.RunPlacement(ports.api, ports.inference, str(paths.run_dir))
     if request.dataset is None:
-        return plan.merge(ctx, placement, wandb_enabled)
+        return plan.merge(ctx, placement, wandb_enabled, managed=managed_judge(ctx, plan))
     try:
         split = dataset_runs.prepare(ctx, request.dataset, plan.values(), paths.run_dir)
     except Exception:
