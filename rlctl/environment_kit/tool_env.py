@@ -288,13 +288,18 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
         held_out = random.Random(self.config.seed + 1_000_003)
         return [self.next_task(held_out) for _ in range(count)]
 
+    def sampler(self, temperature: float, split: str = "train") -> Sampler:
+        """The run's model server as a sampler; a group's episodes share one, so their common first turn goes out as
+        one request of `group_size` rows (`agents.coalesced`)."""
+        return server_sampler(self.server, self.server.servers[0].config.model_name, temperature, split)
+
     async def episode(
         self, task: ToolTask, temperature: float, split: str = "train", sample: Sampler | None = None
     ) -> Episode:
         """One conversation on `task`, sampled from the run's model server (or `sample`: an evaluation's model);
         sandboxed tools get a kept sandbox of their own, ended with the episode."""
         if sample is None:
-            sample = server_sampler(self.server, self.server.servers[0].config.model_name, temperature, split)
+            sample = self.sampler(temperature, split)
         async with contextlib.AsyncExitStack() as stack:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlctl-tool-episode-")))
             tools: dict[str, BoundTool] = {}
@@ -324,7 +329,10 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
             )
 
     async def collect_trajectories(self, item: ToolTask) -> tuple[ScoredDataGroup | None, list[Any]]:
-        episodes = await run_group([self.episode(item, self.config.temperature) for _ in range(self.config.group_size)])
+        sample = self.sampler(self.config.temperature)
+        episodes = await run_group(
+            [self.episode(item, self.config.temperature, sample=sample) for _ in range(self.config.group_size)]
+        )
         scores = await self.score_group(item, episodes)
         if scores is None:
             self.unscored_groups += 1
@@ -346,7 +354,8 @@ class ToolEnv(BaseEnv):  # type: ignore[misc]
         if self.config.eval_items == 0:
             return
         tasks = self.held_out_tasks(self.config.eval_items)
-        episodes = await run_group([self.episode(task, 0.0, split="eval") for task in tasks])
+        sample = self.sampler(0.0, "eval")
+        episodes = await run_group([self.episode(task, 0.0, split="eval", sample=sample) for task in tasks])
         judged = await asyncio.gather(
             *(self.score_group(task, [episode]) for task, episode in zip(tasks, episodes, strict=True))
         )

@@ -19,6 +19,7 @@ from rlctl.environment_kit.agents import (
     Sampled,
     Template,
     ToolCallFailed,
+    coalesced,
     episode_metrics,
     run_episode,
 )
@@ -216,3 +217,37 @@ def test_the_file_tools_run_without_a_sandbox_where_none_can_be_made(tmp_path: P
     assert wrote["written_bytes"] == 1 and read["content"] == "7"
     with pytest.raises(SandboxUnavailable, match="not installed"):
         SandboxTools(names=("terminal",), bwrap=absent).open(tmp_path / "shell")
+
+
+def test_a_groups_common_first_turn_goes_out_as_one_request_of_n_rows() -> None:
+    """`coalesced`: what a group's episodes ask in the same pass of the event loop with the same prompt is one
+    request of n rows, its replies handed out in order; other prompts go alone, and a failure reaches every caller."""
+    calls: list[tuple[list[int], int, int]] = []
+
+    async def sample_n(input_ids: list[int], max_tokens: int, n: int) -> list[Sampled]:
+        calls.append((input_ids, max_tokens, n))
+        await asyncio.sleep(0)
+        if input_ids == [9]:
+            raise RuntimeError("the server is gone")
+        return [Sampled([input_ids[-1], row], [-0.5, -0.5], "stop") for row in range(n)]
+
+    async def group() -> tuple[list[Sampled], Sampled, list[BaseException | Sampled]]:
+        sample = coalesced(sample_n)
+        first = await asyncio.gather(*(sample([1, 2], 8) for _ in range(4)))
+        later = await sample([1, 2], 8)  # asked alone, later: a request of its own
+        failed = await asyncio.gather(sample([9], 8), sample([9], 8), return_exceptions=True)
+        return first, later, failed
+
+    first, later, failed = asyncio.run(group())
+    assert calls == [([1, 2], 8, 4), ([1, 2], 8, 1), ([9], 8, 2)]
+    assert [reply.tokens for reply in first] == [[2, 0], [2, 1], [2, 2], [2, 3]]
+    assert later.tokens == [2, 0]
+    assert all(isinstance(error, RuntimeError) for error in failed)
+
+    async def mixed() -> None:
+        sample = coalesced(sample_n)
+        await asyncio.gather(sample([1], 4), sample([2], 4), sample([1], 4), sample([1], 5))
+
+    calls.clear()
+    asyncio.run(mixed())
+    assert sorted(calls) == [([1], 4, 2), ([1], 5, 1), ([2], 4, 1)]
