@@ -100,16 +100,18 @@ def run_beside(
     probe_connections: int,
     connections: int,
     seconds: float,
+    probe_url: str | None = None,
 ) -> tuple[LoadResult, LoadResult]:
-    """Two loads at once: probes (a few connections, as an orchestrator polls) beside reads; their results."""
+    """Two loads at once: probes (a few connections, as an orchestrator polls; at `probe_url`, else `base_url`)
+    beside reads; their results."""
     results: dict[str, LoadResult] = {}
 
-    def load(name: str, paths: list[str], width: int) -> None:
-        results[name] = run_load(base_url, paths, width, seconds)
+    def load(name: str, url: str, paths: list[str], width: int) -> None:
+        results[name] = run_load(url, paths, width, seconds)
 
     threads = [
-        threading.Thread(target=load, args=("probes", probe_paths, probe_connections)),
-        threading.Thread(target=load, args=("reads", read_paths, connections)),
+        threading.Thread(target=load, args=("probes", probe_url or base_url, probe_paths, probe_connections)),
+        threading.Thread(target=load, args=("reads", base_url, read_paths, connections)),
     ]
     for thread in threads:
         thread.start()

@@ -15,7 +15,7 @@ Prints, on SQLite and (when given, or RLCTL_TEST_POSTGRES_URL is set) PostgreSQL
   offline run trains while the reads run (and GET /runs/{id} reads that run's record).
 - probes beside reads (issue 40, "liveness never starves"): /healthz and /readyz on 4 connections alone, then
   beside `--connections` connections of GET /runs/{id}: their p99 beside the reads as a multiple of their idle p99
-  (goal <= 2x).
+  (goal <= 2x), on the API's port and then on the probe listener's (`RLCTL_PROBE_PORT`: a thread of its own).
 With --servers, the reads under `--connections` and the probes beside them are measured for three ways of serving
 the same app, one after the other on the same database: uvloop with uvicorn's httptools protocol (the service
 before issue 40), asyncio's loop with that protocol, and asyncio's loop with `ProbesFirstProtocol` (the service's
@@ -206,22 +206,31 @@ def _a_run_id(base_url: str) -> str:
 
 
 def _probes(base_url: str, seconds: float, connections: int) -> None:
-    """/healthz and /readyz alone, then beside `connections` connections of GET /runs/{id}."""
-    probes = ["/healthz", "/readyz"]
-    idle = run_load(base_url, probes, PROBE_CONNECTIONS, seconds)
-    busy, reads = run_beside(
-        base_url, probes, [f"/runs/{_a_run_id(base_url)}"], PROBE_CONNECTIONS, connections, seconds
-    )
-    # No probe answered during the run is starvation, not a good ratio.
-    tail = busy.percentile_s(0.99) / idle.percentile_s(0.99) if busy.requests else float("inf")
-    met = tail <= GOAL_PROBES and busy.errors == 0
-    print(f"{'probes, idle':<30} {PROBE_CONNECTIONS:>3} conn  {idle.describe()}")
-    print(f"{'probes beside reads':<30} {PROBE_CONNECTIONS:>3} conn  {busy.describe()}")
-    print(f"{'  the reads beside them':<30} {connections:>3} conn  {reads.describe()}")
-    print(
-        f"{'  ratio':<30}           probes' p99 {tail:.2f}x idle   "
-        f"goal (<= {GOAL_PROBES}x, 0 errors): {'met' if met else 'NOT met'}"
-    )
+    """/healthz and /readyz alone, then beside `connections` connections of GET /runs/{id}: on the API's port, then
+    on the probe listener's (`RLCTL_PROBE_PORT`, docs/ARCHITECTURE.md#probes)."""
+    for where, probe_url in (("API port", base_url), ("probe listener", _probe_url(base_url))):
+        probes = ["/healthz", "/readyz"]
+        idle = run_load(probe_url, probes, PROBE_CONNECTIONS, seconds)
+        busy, reads = run_beside(
+            base_url, probes, [f"/runs/{_a_run_id(base_url)}"], PROBE_CONNECTIONS, connections, seconds, probe_url
+        )
+        # No probe answered during the run is starvation, not a good ratio.
+        tail = busy.percentile_s(0.99) / idle.percentile_s(0.99) if busy.requests else float("inf")
+        met = tail <= GOAL_PROBES and busy.errors == 0
+        print(f"{f'probes ({where}), idle':<30} {PROBE_CONNECTIONS:>3} conn  {idle.describe()}")
+        print(f"{'probes beside reads':<30} {PROBE_CONNECTIONS:>3} conn  {busy.describe()}")
+        print(f"{'  the reads beside them':<30} {connections:>3} conn  {reads.describe()}")
+        print(
+            f"{'  ratio':<30}           probes' p99 {tail:.2f}x idle   "
+            f"goal (<= {GOAL_PROBES}x, 0 errors): {'met' if met else 'NOT met'}"
+        )
+
+
+_PROBE_PORTS: dict[str, int] = {}  # the probe listener's port of each service this benchmark started
+
+
+def _probe_url(base_url: str) -> str:
+    return f"http://127.0.0.1:{_PROBE_PORTS[base_url]}"
 
 
 def _reads(base_url: str, runs: int, seconds: float, connections: int) -> None:
@@ -274,13 +283,14 @@ def _database(name: str, url: str | None, postgres: str | None):  # type: ignore
 @contextmanager
 def _service(database_url: str, data_dir: Path, overrides: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     migrate.upgrade(Database(database_url))
-    port = free_ports(1)[0]
+    port, probe_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
     env.update(
         RLCTL_DATABASE_URL=database_url,
         RLCTL_DATA_DIR=str(data_dir),
         RLCTL_LOCAL_TOTAL_STEPS="100000",
         RLCTL_LOG_LEVEL="WARNING",
+        RLCTL_PROBE_PORT=str(probe_port),
     )
     process = subprocess.Popen(
         [sys.executable, "-c", _SERVE_WITH, json.dumps(overrides or {}), "serve", "--port", str(port)],
@@ -291,6 +301,7 @@ def _service(database_url: str, data_dir: Path, overrides: dict[str, str] | None
         stderr=subprocess.DEVNULL,
     )
     base_url = f"http://127.0.0.1:{port}"
+    _PROBE_PORTS[base_url] = probe_port
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -24,6 +24,8 @@ from rlctl.service.db.engine import REQUEST_THREADS
 from rlctl.service.environments.routes import router as environments_router
 from rlctl.service.evaluations import jobs as evaluation_jobs
 from rlctl.service.evaluations.routes import router as evaluations_router
+from rlctl.service.health.listener import ProbeListener
+from rlctl.service.health.readiness import ReadinessMonitor
 from rlctl.service.health.routes import readiness_monitor
 from rlctl.service.health.routes import router as health_router
 from rlctl.service.http import (
@@ -87,6 +89,16 @@ def register_job_kinds(runner: JobRunner) -> None:
         runner.register(kind)
 
 
+async def _probe_listener(context: AppContext, readiness: ReadinessMonitor) -> ProbeListener | None:
+    """The probe listener, started, when `RLCTL_PROBE_PORT` asks for one (docs/ARCHITECTURE.md#probes)."""
+    if context.settings.probe_port is None:
+        return None
+    listener = ProbeListener(readiness, context.settings)
+    await listener.start()
+    context.provide(listener)
+    return listener
+
+
 def create_app(
     settings: Settings | None = None, migrate_on_start: bool = True, context: AppContext | None = None
 ) -> FastAPI:
@@ -116,10 +128,13 @@ def create_app(
         await run_in_threadpool(jobs.open)
         await context.db.open_loop_reads()
         await readiness.start()
+        probes = await _probe_listener(context, readiness)
         try:
             async with mcp_endpoint.running():
                 yield
         finally:
+            if probes is not None:
+                await probes.stop()
             await readiness.stop()
             # Runs keep running across a service restart: they are re-adopted at the next start.
             await run_in_threadpool(jobs.close)

@@ -93,6 +93,17 @@ class Settings(BaseSettings):
         "(docs/SECURITY.md#authentication-before-the-body).",
     )
     job_workers: int = Field(2, ge=1, le=64, description="Background jobs run at once.")
+    probe_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port of the probe listener: /healthz and /readyz answered by a process of their own, never "
+        "queued behind requests on the event loop (docs/ARCHITECTURE.md#probes); 0 picks a free port; none: off.",
+    )
+    probe_host: str = Field("127.0.0.1", description="Address the probe listener binds (0.0.0.0 for a cluster).")
+    probe_stall_s: float = Field(
+        10.0, gt=0, description="The probe listener's /healthz is 503 once the event loop has not run this long."
+    )
     mcp_sessions_per_token: int = Field(
         32,
         ge=1,

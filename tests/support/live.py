@@ -130,3 +130,5 @@ def live_service(
     finally:
         server.should_exit = True
         thread.join(timeout=scaled(30))
+        # a shutdown that hangs is a defect of the service's (once: the readiness monitor's lost cancellation)
+        assert not thread.is_alive(), f"the service on port {port} did not shut down within {scaled(30):.0f} s"
