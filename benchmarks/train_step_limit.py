@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlctl.trainer.backends.local import LocalBackend  # noqa: E402 - after the repository is on the path
-from rlctl.trainer.config import parse_config  # noqa: E402
+from benchmarks.rollout_sampling import local_backend  # noqa: E402 - after the repository is on the path
+from rlctl.trainer.backends.local import LocalBackend  # noqa: E402
 from rlctl.trainer.grpo import TrainingDatum  # noqa: E402
 from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 
@@ -92,19 +92,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="rlctl-train-step-") as work:
         root = Path(work)
-        model_dir = init_tiny_model(root / "tiny-qwen3")
-        config = parse_config(
-            {
-                "env": {"rollout_server_url": "http://127.0.0.1:1"},
-                "tinker": {
-                    "base_model": str(model_dir),
-                    "run_dir": str(root / "run"),
-                    "inference_port": 1,  # never served
-                    "device": "cpu",
-                },
-            }
-        )
-        backend = LocalBackend(config)
+        backend = local_backend(init_tiny_model(root / "tiny-qwen3"), root / "run")
         try:
             torch.set_num_threads(args.threads)
             rows = args.groups * args.group_size

@@ -15,7 +15,6 @@ stalled` once that time is older than `RLCTL_PROBE_STALL_S`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from pathlib import Path
 from rlctl.service.children import service_child_environment
 from rlctl.service.context import Component
 from rlctl.service.errors import Unavailable
-from rlctl.service.health.readiness import ReadinessMonitor
+from rlctl.service.health.readiness import ReadinessMonitor, cancelled
 from rlctl.service.settings import REPO_ROOT, Settings
 from rlctl.supervisor.process import ProcessSpec, SupervisedProcess
 from rlctl.supervisor.run import read_tail
@@ -91,11 +90,8 @@ class ProbeListener(Component):
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancelled(self._task)
+        self._task = None
         if self._process is not None:
             await asyncio.to_thread(self._process.terminate, STOP_GRACE_S)
             self._process = None

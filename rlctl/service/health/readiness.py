@@ -26,6 +26,14 @@ READINESS_INTERVAL_S = 0.5
 READINESS_MAX_AGE_S = 5.0  # ten missed checks: the database (or the loop) does not answer
 
 
+async def cancelled(task: asyncio.Task[None] | None) -> None:
+    """`task` cancelled, and ended, when there is one."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class Readiness(BaseModel):
     status: str
     database: str
@@ -82,11 +90,8 @@ class ReadinessMonitor(Component):
         """No check after this returns; one under way is cancelled (and, were its cancellation lost, the loop still
         ends after it: `_stopping`)."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancelled(self._task)
+        self._task = None
 
     def current(self) -> Readiness:
         """The newest outcome; raises Unavailable when it was not ready, or is too old to trust."""
