@@ -128,8 +128,9 @@ def create_app(
         await run_in_threadpool(jobs.open)
         await context.db.open_loop_reads()
         await readiness.start()
-        probes = await _probe_listener(context, readiness)
+        probes: ProbeListener | None = None
         try:
+            probes = await _probe_listener(context, readiness)
             async with mcp_endpoint.running():
                 yield
         finally:

@@ -137,8 +137,8 @@ def judge_key(settings: Settings, paths: RunPaths) -> str | None:
         merged = yaml.safe_load(paths.config.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return None
-    env = merged.get("env") or {}
-    if not (env.get("dataset_judge") or env.get("judge")):
+    envs = [merged.get("env") or {}, *(member.get("env") or {} for member in merged.get("mixture") or [])]
+    if not any(env.get("dataset_judge") or env.get("judge") for env in envs):  # a mixture's environments too
         return None
     endpoint = judge_endpoint(settings)
     return endpoint[1] if endpoint else None
