@@ -26,7 +26,9 @@ from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tenso
 
 pytestmark = pytest.mark.e2e
 
-TOTAL_STEPS, GROUP_SIZE, BATCH_SIZE = 2, 4, 8
+# The environment logs its metrics when it sees the trainer's step change (atroposlib's env_step_checks); one batch
+# ahead at most, it must see a step before its third batch: a run of 2 steps could end before it saw any.
+TOTAL_STEPS, GROUP_SIZE, BATCH_SIZE = 3, 4, 8
 TOOL_TURN = "<|im_start|>tool\n"
 CALLS = {
     "lookup": '\n<tool_call>\n{"name": "lookup", "arguments": {"key": "code"}}\n</tool_call>',
@@ -81,7 +83,14 @@ def test_a_multi_turn_tool_run_trains_through_tinker(tiny_model_dir: Path, tmp_p
             environment_file="tool_lookup.py",
             group_size=GROUP_SIZE,
             batch_size=BATCH_SIZE,
-            env={"max_token_length": 1024, "max_turns": 3, "eval_items": 0, "steps_per_eval": 1000, "seed": 0},
+            env={
+                "max_token_length": 1024,
+                "max_turns": 3,
+                "eval_items": 0,
+                "steps_per_eval": 1000,
+                "seed": 0,
+                "max_batches_offpolicy": 1,
+            },
             tinker={"backend": "tinker", "base_model": "Qwen/Qwen3-8B", "max_token_trainer_length": 1536},
         )
     assert ended.exit_code == 0, ended.trainer.log_tail()
