@@ -80,11 +80,17 @@ def test_a_mixed_run_records_each_environment_and_its_weight(service: Service) -
         assert client.post(f"/runs/{run['id']}/stop", params={"wait_s": 120}).json()["status"] == "stopped"
 
 
+# Long enough for both environments to be in the batches: they start together, but the first to send fills the
+# queue (first come, first served) and on a loaded machine the other's first groups came after a 6-step run ended.
+MIXED_STEPS = 24
+
+
 @pytest.mark.e2e
-def test_a_mixed_echo_run_trains_on_both_environments(run_service: Service) -> None:
+def test_a_mixed_echo_run_trains_on_both_environments(run_settings: Callable[..., Settings]) -> None:
     mix = [{"name": "echo", "weight": 1}, {"name": "echo", "weight": 1, "config": {"digits": 2, "seed": 7}}]
     body = {"backend": "local", "environments": mix, "config": {"group_size": 8, "batch_size": 32}}
-    with run_service.client() as client:
+    settings = run_settings(local_total_steps=MIXED_STEPS, local_save_checkpoint_interval=MIXED_STEPS)
+    with in_process_service(settings) as run_service, run_service.client() as client:
         created = client.post("/runs", json=body)
         assert created.status_code == 201, created.text
         run_id = created.json()["id"]
@@ -93,12 +99,12 @@ def test_a_mixed_echo_run_trains_on_both_environments(run_service: Service) -> N
             ("api", "trainer", "env"), "exited"
         )
         series = client.get(f"/runs/{run_id}/metrics").json()["metrics"]
-        assert len(series["reward/mean"]) == final["last_step"] == 6
+        assert len(series["reward/mean"]) == final["last_step"] == MIXED_STEPS
         # The trainer's batches held groups of both environments (by the ids the trajectory API gave them).
         totals = [sum(value for _, value in series[f"batch/groups_env{i}"]) for i in (0, 1)]
         print(f"groups trained per environment over {final['last_step']} steps: {totals}")
         assert all(total > 0 for total in totals), totals
-        assert sum(totals) == 6 * 32 // 8  # every group of every batch came from one of them
+        assert sum(totals) == MIXED_STEPS * 32 // 8  # every group of every batch came from one of them
         # Each environment's own metrics, under its prefix.
         assert {"env/0.echo/train/percent_correct", "env/1.echo/train/percent_correct"} <= set(series)
         log = client.get(f"/runs/{run_id}/logs/env", params={"tail": 400}).text
