@@ -32,7 +32,7 @@ from tests.runs.conftest import wait_for_status
 from tests.runs.test_dataset_judge_runs import JUDGE_KEY, judged_settings
 from tests.runs.test_dataset_runs import error_of, start
 from tests.runs.test_evaluation_judge import evaluable_run
-from tests.runs.test_tool_evaluations import evaluated, primed_model, saved_adapter, tool_run_config
+from tests.runs.test_tool_evaluations import evaluated, primed_model
 from tests.support.live import in_process_service
 
 RUBRIC = "Prefer the agent whose lookup found the code."
@@ -121,7 +121,9 @@ def test_a_tool_run_trains_on_the_judges_scores_of_whole_episodes_and_its_evalua
             series = client.get(f"/runs/{created['id']}/metrics").json()["metrics"]
             run_requests = list(server.requests)
             body = {"run_id": created["id"], "max_prompts": 2, "samples_per_prompt": 2, "temperature": 1.0}
+            judge.outage = 1  # the evaluation's first judged group fails
             done = evaluated(client, body)
+            evaluation_requests = server.requests[len(run_requests) :]
             texts = [
                 response.text,
                 json.dumps(final),
@@ -148,51 +150,24 @@ def test_a_tool_run_trains_on_the_judges_scores_of_whole_episodes_and_its_evalua
 
     # the evaluation judged each model's episodes of a task as one group, in the service
     assert done["status"] == "succeeded", done["error"]
-    assert done["judge"]["model"] == settings.judge_model and done["judge"]["groups"] == 2 * 2
-    for entry in done["models"]:
-        result = EvaluationModelResult.model_validate(entry)
-        assert result.samples == 4 and result.unscored_prompts == 0
-        assert result.mean_reward is not None and 0.25 - 1e-6 <= result.mean_reward <= 1.25 + 1e-6
+    assert done["judge"]["model"] == settings.judge_model
+    assert (done["judge"]["groups"], done["judge"]["failed_groups"]) == (2 * 2, 1)
+    assert all(len(TRAJECTORY.findall(r["messages"][1]["content"])) == 2 for r in evaluation_requests)
+    results = [EvaluationModelResult.model_validate(entry) for entry in done["models"]]
+    # the group the judge could not score (judged concurrently: either model's) is left out and listed, never 0
+    assert sum(result.unscored_prompts for result in results) == 1
+    assert sorted(name for prompt in done["prompts"] for name in prompt["unscored"]) == [
+        result.name for result in results if result.unscored_prompts
+    ]
+    for result in results:
+        assert result.samples == 2 * (2 - result.unscored_prompts)  # the scored tasks' episodes
         assert result.tool_calls_per_episode is not None
+        assert result.mean_reward is not None and 0.25 - 1e-6 <= result.mean_reward <= 1.25 + 1e-6
     # the key went to the judge's host, and nowhere else
     assert set(authorizations) == {f"Bearer {JUDGE_KEY}"}
     assert JUDGE_KEY not in merged_text
     assert all(JUDGE_KEY.encode() not in p.read_bytes() for p in settings.data_path.rglob("*") if p.is_file())
     assert all(JUDGE_KEY not in text for text in texts)
-
-
-def test_an_evaluation_of_a_judged_tool_run_leaves_out_what_the_judge_cannot_score(
-    run_settings: Callable[..., Settings], tmp_path: Path
-) -> None:
-    """No training: a saved fresh adapter of the primed model, evaluated against its base (the same episodes)."""
-    model = primed_model()
-    with chat_server(PositionJudge(outage=1)) as server:
-        settings = judged_settings(run_settings, server.base_url)
-        config = tool_run_config(model)
-        config["env"].update(judge_rubric=RUBRIC, judge_weight=2.0, judge={"model": "rule-judge"})
-        weights = saved_adapter(model, tmp_path / "adapter")
-        run_id = evaluable_run(
-            settings, [{"step": 3, "weights": weights}], prompts=[], config=config, environment="tool_lookup"
-        )
-        with in_process_service(settings) as live, live.client() as client:
-            body = {"run_id": run_id, "max_prompts": 2, "samples_per_prompt": 2, "temperature": 1.0}
-            done = evaluated(client, body)
-        requests = list(server.requests)
-
-    assert done["status"] == "succeeded", done["error"]
-    assert done["judge"]["model"] == "rule-judge" and done["judge"]["failed_groups"] == 1
-    assert all(r["model"] == "rule-judge" and RUBRIC in r["messages"][0]["content"] for r in requests)
-    assert all(len(TRAJECTORY.findall(r["messages"][1]["content"])) == 2 for r in requests)
-    base, trained = (EvaluationModelResult.model_validate(m) for m in done["models"])
-    # one model's task went unscored (the outage; the groups are judged concurrently, so either's): left out of that
-    # model's mean and listed, never 0
-    assert base.unscored_prompts + trained.unscored_prompts == 1
-    assert sorted(name for prompt in done["prompts"] for name in prompt["unscored"]) == [
-        m.name for m in (base, trained) if m.unscored_prompts
-    ]
-    # the judge ranks a group's two episodes 0 and 1, weight 2: each task's mean is its own rewards' mean + 1
-    for result in (base, trained):
-        assert result.mean_reward is not None and 1.0 <= result.mean_reward <= 2.0
 
 
 def test_an_evaluation_of_a_judged_tool_run_needs_the_judge(run_settings: Callable[..., Settings]) -> None:
