@@ -216,7 +216,7 @@ def compare_episodes(
         if judge is None:
             raise JobFailed("the judge endpoint is no longer configured: set RLCTL_JUDGE_BASE_URL, evaluate again")
 
-    def scored(group: EpisodeGroup) -> tuple[EpisodeGroup, list[float] | None]:  # a worker thread: the judge's calls
+    def scored(group: LineGroup) -> tuple[LineGroup, list[float] | None]:  # a worker thread: the judge's calls
         own = [float(episode["reward"]) for episode in group[2]]
         if judge is None:
             return group, own
@@ -226,7 +226,7 @@ def compare_episodes(
     by_model: dict[str, dict[int, list[float]]] = defaultdict(dict)
     unscored: dict[str, set[int]] = defaultdict(set)
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    outcomes = ordered_map(scored, _episode_groups(samples), ctx.settings.judge_concurrency if judge else 1)
+    outcomes = ordered_map(scored, _line_groups(samples), ctx.settings.judge_concurrency if judge else 1)
     try:
         for (model, index, episodes), rewards in outcomes:
             for episode in episodes:
@@ -253,25 +253,24 @@ def compare_episodes(
     return result
 
 
-EpisodeGroup = tuple[str, int, list[dict[str, Any]]]  # (model name, task index, its episodes' lines)
+LineGroup = tuple[str, int, list[dict[str, Any]]]  # (model name, prompt or task index, its lines)
 
 
-def _episode_groups(samples: Path) -> Iterator[EpisodeGroup]:
-    """The episodes file's groups in file order: the child writes a task's episodes of one model together."""
+def _line_groups(samples: Path) -> Iterator[LineGroup]:
+    """The samples file's groups in file order: a child writes a prompt's samples (a task's episodes) of one model
+    together."""
     with samples.open(encoding="utf-8") as lines:
         parsed = (json.loads(line) for line in lines)
-        for (model, index), group in groupby(parsed, key=lambda episode: (episode["model"], episode["prompt_index"])):
+        for (model, index), group in groupby(parsed, key=lambda line: (line["model"], line["prompt_index"])):
             yield model, index, list(group)
 
 
 def _groups(samples: Path, prompts: list[dict[str, Any]]) -> Iterator[Group]:
-    """The samples file's groups in file order: the child writes a prompt's samples of one model together."""
-    with samples.open(encoding="utf-8") as lines:
-        parsed = (json.loads(line) for line in lines)
-        for (model, index), group in groupby(parsed, key=lambda sample: (sample["model"], sample["prompt_index"])):
-            prompt = prompts[index]
-            records = [record_with_completion(prompt["messages"], s["text"], prompt.get("metadata")) for s in group]
-            yield model, index, records
+    """Each (model, prompt) group of completions as records."""
+    for model, index, lines in _line_groups(samples):
+        prompt = prompts[index]
+        records = [record_with_completion(prompt["messages"], s["text"], prompt.get("metadata")) for s in lines]
+        yield model, index, records
 
 
 def _comparison(
