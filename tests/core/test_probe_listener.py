@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import httpx
 import psutil
+import pytest
 
 from rlctl.service.health.listener import ProbeListener
 from rlctl.service.health.readiness import ReadinessMonitor
@@ -63,9 +64,5 @@ def test_the_probe_listener_answers_as_the_api_does_and_fails_liveness_while_the
 
 
 def test_without_a_probe_port_there_is_no_listener(make_settings: Callable[..., Settings]) -> None:
-    with live_service(make_settings()) as live:
-        try:
-            ProbeListener.of(live.app.state.context)
-        except LookupError:
-            return
-        raise AssertionError("a probe listener started without RLCTL_PROBE_PORT")
+    with live_service(make_settings()) as live, pytest.raises(LookupError):
+        ProbeListener.of(live.app.state.context)

@@ -282,6 +282,19 @@ class PipelineRun:
     environment_log: str
 
 
+# A tool environment's run in these tests: a conversation fits 1024 tokens, no evaluation, one batch ahead at most
+# (rollouts of the policy being trained; and the environment sees a step change, when atroposlib logs its metrics,
+# before its third batch).
+TOOL_RUN_ENV = {
+    "max_token_length": 1024,
+    "max_turns": 3,
+    "eval_items": 0,
+    "steps_per_eval": 1000,
+    "seed": 0,
+    "max_batches_offpolicy": 1,
+}
+
+
 def run_pipeline(
     run_dir: Path,
     *,

@@ -31,7 +31,14 @@ from tests.support.live import in_process_service
 from tests.support.sandbox import required_sandbox
 from tests.support.tiny_model import session_tiny_model
 from tests.support.waiting import wait_until
-from tests.trainer.pipeline import env_metrics_of, metrics_environment, run_pipeline, step_metrics, trainer_state
+from tests.trainer.pipeline import (
+    TOOL_RUN_ENV,
+    env_metrics_of,
+    metrics_environment,
+    run_pipeline,
+    step_metrics,
+    trainer_state,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -66,15 +73,7 @@ def test_an_agent_trained_online_beats_its_base_and_collects_as_the_agent(
         environment_file="file_lookup.py",
         group_size=GROUP_SIZE,
         batch_size=BATCH_SIZE,
-        # one batch ahead at most: rollouts of the policy being trained, not of one three steps old
-        env={
-            "max_token_length": 1024,
-            "max_turns": 3,
-            "eval_items": 0,
-            "steps_per_eval": 1000,
-            "seed": 0,
-            "max_batches_offpolicy": 1,
-        },
+        env=TOOL_RUN_ENV,
         tinker={"max_token_trainer_length": 1536, "learning_rate": LEARNING_RATE},
     )
     assert ended.exit_code == 0, ended.trainer.log_tail()

@@ -20,7 +20,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.support.live import free_port
-from tests.trainer.pipeline import env_metrics_of, metrics_environment, run_pipeline, step_metrics, trainer_state
+from tests.trainer.pipeline import (
+    TOOL_RUN_ENV,
+    env_metrics_of,
+    metrics_environment,
+    run_pipeline,
+    step_metrics,
+    trainer_state,
+)
 from tests.trainer.test_tinker_backend import _tensor_tokens
 from tests.trainer.tinker_loopback import LoopbackServer, LoopbackTinker, _tensor
 
@@ -83,14 +90,7 @@ def test_a_multi_turn_tool_run_trains_through_tinker(tiny_model_dir: Path, tmp_p
             environment_file="tool_lookup.py",
             group_size=GROUP_SIZE,
             batch_size=BATCH_SIZE,
-            env={
-                "max_token_length": 1024,
-                "max_turns": 3,
-                "eval_items": 0,
-                "steps_per_eval": 1000,
-                "seed": 0,
-                "max_batches_offpolicy": 1,
-            },
+            env=TOOL_RUN_ENV,
             tinker={"backend": "tinker", "base_model": "Qwen/Qwen3-8B", "max_token_trainer_length": 1536},
         )
     assert ended.exit_code == 0, ended.trainer.log_tail()
