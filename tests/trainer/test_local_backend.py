@@ -156,6 +156,57 @@ def test_ppo_stops_pushing_tokens_already_far_likelier_than_sampled(tiny_model_d
     assert completion_mean(unclipped.compute_logprobs(data), data) > start + 0.05
 
 
+def expected_token_stats(backend: LocalBackend, data: list[TrainingDatum]) -> tuple[float, float]:
+    """(entropy, k3 KL to the base) per completion token, computed afresh: full logits, peft's own
+    `disable_adapter()` for the reference."""
+    completion = [d.completion_mask for d in data]
+    with torch.no_grad():
+        policy = backend.compute_logprobs(data)
+        with backend.model.disable_adapter():
+            reference = backend.compute_logprobs(data)
+        entropies = []
+        for datum, mask in zip(data, completion, strict=True):
+            logits = backend.model(input_ids=torch.tensor([datum.input_tokens])).logits[0].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+            entropies += [float(e) for e, t in zip(entropy, mask, strict=True) if t]
+    kls = [
+        float(torch.exp(torch.tensor(r - p)) - (r - p) - 1)
+        for rows in zip(policy, reference, completion, strict=True)
+        for p, r, t in zip(*rows, strict=True)
+        if t
+    ]
+    return sum(entropies) / len(entropies), sum(kls) / len(kls)
+
+
+def test_kl_to_the_reference_is_measured_every_tenth_step_without_a_penalty(
+    backend: LocalBackend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """docs/TRAINER.md#training-options: without `kl_coef`, `kl/reference` is a metric of steps 1, 11, 21, ...
+    (its reference pass is a third of a step); with one, every step has it. Entropy, every step, over completion
+    tokens."""
+    _, data = datums_for(backend, prompt_tokens(backend), advantage=1.0)
+    measured = []
+    for step in range(1, 13):
+        entropy, kl = expected_token_stats(backend, data)
+        stats = backend.train_step(data, 0.02, step).result.token_stats
+        assert stats["entropy_sum"] / stats["tokens"] == pytest.approx(entropy, rel=1e-4)
+        if stats["kl_tokens"]:
+            measured.append(step)
+            assert stats["kl_tokens"] == stats["tokens"]
+            assert stats["kl_sum"] / stats["kl_tokens"] == pytest.approx(kl, rel=1e-3, abs=1e-7)
+    assert measured == [1, 11]
+    assert kl > 1e-4  # by step 11 the policy has moved: the reference pass really ran with the adapter off
+
+    penalised = LocalBackend(make_config(tiny_model_dir, tmp_path / "kl", kl_coef=0.1))
+    try:
+        for step in (1, 2):
+            stats = penalised.train_step(data, 0.02, step).result.token_stats
+            assert stats["kl_tokens"] == stats["tokens"] > 0
+    finally:
+        penalised.close()
+
+
 def test_publishing_is_in_process_and_sampling_sees_the_new_weights(backend: LocalBackend) -> None:
     prompt = prompt_tokens(backend)
     _, data = datums_for(backend, prompt, advantage=1.0)

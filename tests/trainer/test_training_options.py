@@ -45,7 +45,7 @@ def test_each_loss_trains_echo_to_a_higher_reward(tiny_model_dir: Path, tmp_path
     # trains nothing, so it has no policy to measure; every step that trained has the policy's metrics
     trained = [step for step in metrics if step["batch/trained_tokens"] > 0]
     assert len(trained) >= len(metrics) // 2, [step["batch/skipped_groups"] for step in metrics]
-    for name in ("policy/entropy", "policy/clip_fraction", "kl/reference"):
+    for name in ("policy/entropy", "policy/clip_fraction"):
         assert all(name in step for step in trained), name
     assert all(0.0 <= step["policy/clip_fraction"] <= 1.0 for step in trained)
     assert all(step["policy/entropy"] > 0 for step in trained)
@@ -57,9 +57,16 @@ def test_a_kl_penalty_keeps_the_policy_closer_to_the_reference(tiny_model_dir: P
     # the first step trains from the base itself: no distance yet in either
     assert free[0]["kl/reference"] == pytest.approx(0.0, abs=1e-6)
     assert held[0]["kl/reference"] == pytest.approx(0.0, abs=1e-6)
+    # without a penalty the metric is measured on steps 1, 11, 21 (KL_METRIC_EVERY); with one, on every step that
+    # trained (a step whose groups were all skipped trains nothing, so measures nothing)
+    assert all(("kl/reference" in s) == (s["batch/trained_tokens"] > 0) for s in held)
+    measured = [i + 1 for i, s in enumerate(free) if "kl/reference" in s]
+    assert measured[0] == 1 and set(measured) <= {1, 11, 21}, measured
+    later = [step for step in measured[1:] if "kl/reference" in held[step - 1]]
+    assert later, (measured, [s["batch/trained_tokens"] for s in held])
     free_kl, held_kl = (
-        mean([s["kl/reference"] for s in free[-QUARTER:]]),
-        mean([s["kl/reference"] for s in held[-QUARTER:]]),
+        mean([free[step - 1]["kl/reference"] for step in later]),
+        mean([held[step - 1]["kl/reference"] for step in later]),
     )
-    print(f"last-quarter KL to the reference: without penalty {free_kl:.4f}, with kl_coef 1.0 {held_kl:.4f}")
+    print(f"KL to the reference at steps {later}: without penalty {free_kl:.4f}, with kl_coef 1.0 {held_kl:.4f}")
     assert held_kl < free_kl, (held_kl, free_kl)

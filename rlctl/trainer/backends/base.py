@@ -47,7 +47,7 @@ class ForwardBackwardResult:
     loss_sum: float
     logprobs: list[list[float]]  # per datum, aligned with its target tokens
     # Sums over completion tokens where the backend measures them (local): entropy_sum over tokens, kl_sum over
-    # kl_tokens (all of them with a KL penalty, the first micro-batch's without).
+    # kl_tokens (all of them with a KL penalty; without one the first micro-batch's, on one step in ten).
     token_stats: dict[str, float] = field(default_factory=dict)
 
 

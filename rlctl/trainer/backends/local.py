@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from rlctl.trainer.backends.base import (
     PublishedWeights,
     SamplingRequest,
     SamplingRequestError,
+    StepOutcome,
     TrainingBackend,
+    timed_step,
 )
 from rlctl.trainer.backends.sampler import BatchedSampler, PendingSample
 from rlctl.trainer.backends.sampler_process import ProcessSampler, use_process_sampler
@@ -38,6 +41,10 @@ ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 # Tokens per forward/backward micro-batch: bounds activation memory on real models.
 MICROBATCH_TOKENS = 16384
+# Without a KL penalty, KL to the reference is a metric only, measured on the first micro-batch of every tenth step
+# (steps 1, 11, 21, ...: TRL's logging interval): its reference pass, a forward of the batch with the adapter off,
+# is a third of a step (`benchmarks/train_step_limit.py`), and the metric moves slowly.
+KL_METRIC_EVERY = 10
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -67,10 +74,12 @@ def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 
 
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    """The policy's entropy at each position, over the whole vocabulary."""
-    logprobs = torch.log_softmax(logits, dim=-1)
-    return -(logprobs.exp() * logprobs).sum(dim=-1)
+def _completion_entropy_sum(distribution: torch.Tensor, completion: torch.Tensor) -> float:
+    """The policy's entropy over the whole vocabulary (`distribution`: log-softmax of the logits), summed over the
+    completion tokens only: the prompt's positions would triple its cost and are never reported."""
+    with torch.no_grad():
+        logprobs = distribution.detach()[completion.bool()]
+        return float(-(logprobs.exp() * logprobs).sum())
 
 
 def _microbatches(data: Sequence[TrainingDatum]) -> list[list[int]]:
@@ -175,9 +184,15 @@ class LocalBackend(TrainingBackend):
         return _logprobs_of(logits, self._targets(data, indices)), mask
 
     def _reference_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> torch.Tensor:
-        """The targets' logprobs under the base model: the adapter off, so no second model is held."""
-        with torch.no_grad(), self.model.disable_adapter():
-            return self._target_logprobs(data, indices)[0]
+        """The targets' logprobs under the base model: the adapter off, so no second model is held. The adapter
+        layers are switched directly: peft's `disable_adapter()` first inspects every layer's status, a millisecond
+        or more on each pass. The sampler's adapter is its own copy, untouched."""
+        self.model.base_model.disable_adapter_layers()
+        try:
+            with torch.no_grad():
+                return self._target_logprobs(data, indices)[0]
+        finally:
+            self.model.base_model.enable_adapter_layers()
 
     def compute_logprobs(self, data: Sequence[TrainingDatum]) -> list[list[float]]:
         result: list[list[float]] = [[] for _ in data]
@@ -188,17 +203,29 @@ class LocalBackend(TrainingBackend):
                     result[index] = logprobs[row, : len(data[index].target_tokens)].tolist()
         return result
 
-    def forward_backward(self, data: Sequence[TrainingDatum]) -> ForwardBackwardResult:
+    def train_step(self, data: Sequence[TrainingDatum], learning_rate: float, step: int) -> StepOutcome:
+        reference_metric = (step - 1) % KL_METRIC_EVERY == 0
+        return timed_step(
+            time.perf_counter(),
+            lambda: self.forward_backward(data, reference_metric=reference_metric),
+            lambda: self.optim_step(learning_rate),
+            lambda: self.publish_weights(step),
+        )
+
+    def forward_backward(
+        self, data: Sequence[TrainingDatum], *, reference_metric: bool = True
+    ) -> ForwardBackwardResult:
+        """`reference_metric`: without a KL penalty, measure `kl/reference` on the first micro-batch (a step
+        measures it every KL_METRIC_EVERY steps); with one, KL is measured on every micro-batch regardless."""
         result: list[list[float]] = [[] for _ in data]
         loss_sum = 0.0
         stats = {"entropy_sum": 0.0, "kl_sum": 0.0, "kl_tokens": 0.0, "tokens": 0.0}
         with self._lock:
             for number, indices in enumerate(_microbatches(data)):
-                # The reference pass costs a no-grad forward: without a penalty, KL is only a metric, measured on
-                # the step's first micro-batch so the step stays at a bare forward/backward's cost otherwise.
-                measure_kl = self._config.kl_coef > 0 or number == 0
+                measure_kl = self._config.kl_coef > 0 or (reference_metric and number == 0)
                 logits, mask = self._forward(data, indices)
-                logprobs = _logprobs_of(logits, self._targets(data, indices))
+                distribution = torch.log_softmax(logits, dim=-1)  # once, for the logprobs and the entropy
+                logprobs = distribution.gather(-1, self._targets(data, indices).unsqueeze(-1)).squeeze(-1)
                 sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
                 completion = _pad([data[i].completion_mask for i in indices], 0.0, torch.float32, self._device)
@@ -215,9 +242,8 @@ class LocalBackend(TrainingBackend):
                     stats["kl_tokens"] += completion_tokens
                 loss.backward()
                 loss_sum += float(loss.detach())
-                with torch.no_grad():
-                    stats["entropy_sum"] += float((_entropy(logits.detach()) * completion).sum())
-                    stats["tokens"] += completion_tokens
+                stats["entropy_sum"] += _completion_entropy_sum(distribution, completion)
+                stats["tokens"] += completion_tokens
                 detached = logprobs.detach()
                 for row, index in enumerate(indices):
                     result[index] = detached[row, : len(data[index].target_tokens)].tolist()
