@@ -10,7 +10,10 @@ reward of `environments/echo.py` (`score_reply`, default window and weight), the
 KL term, advantages not divided by the group's standard deviation.
 
 - **rlctl**: the real offline pipeline (`run-api`, the trainer on the local backend, `environments/echo.py`),
-  as `tests/trainer/pipeline.run_pipeline` starts it: three processes talking HTTP.
+  as `tests/trainer/pipeline.run_pipeline` starts it: three processes talking HTTP. The environment's worker cap is
+  the one the service writes into every run (`max_num_workers`, docs/RUNS.md#locked-fields): with atroposlib's own
+  default (8 per inference server) an environment starts at most 8 groups per turn of its 0.1 s loop, which held
+  this pipeline at 20 steps/s (issue 40).
 - **TRL**: `GRPOTrainer` in one process, on the CPU. TRL refuses a LoRA adapter on `lm_head` (it computes
   logprobs from `lm_head.weight` directly), so its LoRA (rank 8, alpha 16) covers attention and MLP and the
   whole `lm_head` trains (`modules_to_save`); rlctl's LoRA covers `lm_head` too.
@@ -46,6 +49,7 @@ from typing import Any
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlctl.service.settings import Settings  # noqa: E402
 from rlctl.trainer.tiny_model import init_tiny_model  # noqa: E402
 from tests.trainer.pipeline import child_environment, run_pipeline, step_metrics  # noqa: E402
 
@@ -53,6 +57,7 @@ GROUP_SIZE = 8
 GROUPS_PER_STEP = 4
 REPLY_TOKENS = 8
 LEARNING_RATE = 1e-2
+SERVICE_WORKER_CAP = Settings.model_fields["max_num_workers"].default
 LORA_RANK = 8
 
 
@@ -90,7 +95,7 @@ def run_rlctl(workdir: Path, model_dir: Path, steps: int, seed: int, sampler: st
         environment=child_environment(workdir / "var", WANDB_MODE="disabled"),
         timeout_s=1800,
         start_timeout_s=300,
-        env={"seed": seed, "steps_per_eval": 10 * steps},
+        env={"seed": seed, "steps_per_eval": 10 * steps, "max_num_workers": SERVICE_WORKER_CAP},
         tinker={
             "seed": seed,
             "learning_rate": LEARNING_RATE,
