@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -134,11 +135,21 @@ def present_path(value: str | None) -> str | None:
     return _under_root(value, roots) or PurePosixPath(value).name
 
 
+@functools.lru_cache(maxsize=16)
+def _replacements(roots: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str, str, str], ...]:
+    """Per root: (root, what the root alone shows as, the root as a directory in a text, what that shows as)."""
+    return tuple(
+        (root, prefix or ".", root.rstrip("/") + "/", f"{prefix}/" if prefix else "") for root, prefix in roots
+    )
+
+
 def _relative_text(text: str, roots: tuple[tuple[str, str], ...]) -> str:
-    for root, prefix in roots:
+    if "/" not in text:  # most strings of a run's config (a run's record shows it whole) name no path
+        return text
+    for root, alone, directory, shown in _replacements(roots):
         if text == root:
-            return prefix or "."
-        text = text.replace(root.rstrip("/") + "/", f"{prefix}/" if prefix else "")
+            return alone
+        text = text.replace(directory, shown)
     return text
 
 
