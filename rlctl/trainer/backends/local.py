@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -34,6 +35,9 @@ from rlctl.trainer.config import TrainerConfig
 from rlctl.trainer.defaults import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
 from rlctl.trainer.grpo import TrainingDatum
 from rlctl.trainer.tiny_model import default_tiny_model_dir, init_tiny_model
+
+if TYPE_CHECKING:
+    from peft import LoraModel
 
 log = logging.getLogger(__name__)
 
@@ -187,12 +191,13 @@ class LocalBackend(TrainingBackend):
         """The targets' logprobs under the base model: the adapter off, so no second model is held. The adapter
         layers are switched directly: peft's `disable_adapter()` first inspects every layer's status, a millisecond
         or more on each pass. The sampler's adapter is its own copy, untouched."""
-        self.model.base_model.disable_adapter_layers()
+        adapters = cast("LoraModel", self.model.base_model)  # get_peft_model with a LoraConfig
+        adapters.disable_adapter_layers()
         try:
             with torch.no_grad():
                 return self._target_logprobs(data, indices)[0]
         finally:
-            self.model.base_model.enable_adapter_layers()
+            adapters.enable_adapter_layers()
 
     def compute_logprobs(self, data: Sequence[TrainingDatum]) -> list[list[float]]:
         result: list[list[float]] = [[] for _ in data]
