@@ -1,10 +1,14 @@
 """The environment hook (rlctl/supervisor/envhooks/sitecustomize.py) against the real Atropos API: an environment
 started beside its trainer registers once the trainer has, and atroposlib is never told to wait (it would sleep a second
-before it asked again) (docs/RUNS.md#process-order)."""
+before it asked again) (docs/RUNS.md#process-order). And a stopped environment logs the groups it sent since its last
+log, once, to the run's file only."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -101,3 +105,62 @@ def test_the_environment_registers_at_its_first_attempt_once_the_trainer_has(
     assert set(environment.attempts[:-1]) == {"wait for trainer to start"} and environment.attempts[-1] == "success"
     assert answered == ["success"], "atroposlib was never told to wait, so it never slept"
     assert environment.env_id == 0 and looks[-1] is True
+
+
+# An environment process, in miniature: `Base` stands for atroposlib's BaseEnv (what the hook wraps), `Env` for an
+# environment that adds its metrics in `wandb_log`. It sends 2 groups and logs them, then sends `after` more and says
+# "ready"; then its loop ends ("end"), or it runs until it is stopped ("stop"). "W&B" is printed whenever the base's
+# own `wandb_log` (W&B's) runs.
+ENVIRONMENT = """
+import asyncio, sys
+from rlctl.supervisor.envhooks import sitecustomize as hook
+
+class Base:
+    curr_step = 0
+    async def wandb_log(self, metrics=None):
+        print("W&B", flush=True)
+    async def handle_send_to_api(self, group):
+        self.sent = getattr(self, "sent", 0) + 1
+    async def env_manager(self):
+        for _ in range(2):
+            await self.handle_send_to_api({})
+        await self.wandb_log()
+        self.curr_step = 1
+        for _ in range(int(sys.argv[2])):
+            await self.handle_send_to_api({})
+        print("ready", flush=True)
+        if sys.argv[3] == "stop":
+            await asyncio.Event().wait()
+
+class Env(Base):
+    async def wandb_log(self, metrics=None):
+        await super().wandb_log({**(metrics or {}), "groups/sent": float(self.sent)})
+
+hook._copy_metrics(Base, sys.argv[1])
+hook._log_once_more_at_stop(Base)
+asyncio.run(Env().env_manager())
+"""
+
+
+@pytest.mark.parametrize(("after", "ending"), [(2, "stop"), (0, "stop"), (2, "end")])
+def test_an_environment_logs_the_groups_sent_since_its_last_log_as_it_ends(
+    tmp_path: Path, after: int, ending: str
+) -> None:
+    metrics = tmp_path / "env_metrics.jsonl"
+    argv = [sys.executable, "-c", ENVIRONMENT, str(metrics), str(after), ending]
+    environment = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert environment.stdout is not None
+        assert [environment.stdout.readline() for _ in range(2)] == ["W&B\n", "ready\n"]
+        if ending == "stop":
+            environment.send_signal(signal.SIGTERM)
+        rest = environment.communicate(timeout=REQUEST_TIMEOUT)[0]
+    finally:
+        environment.kill()
+        environment.wait()
+    # stopped, it dies of the SIGTERM, as without the hook
+    assert environment.returncode == (-signal.SIGTERM if ending == "stop" else 0)
+    assert rest == ""  # the last log does not call W&B
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()]
+    expected = [(0, 2.0), (1, 4.0)] if after else [(0, 2.0)]  # nothing sent since the last log: nothing to add
+    assert [(record["step"], record["metrics"]["groups/sent"]) for record in logged] == expected

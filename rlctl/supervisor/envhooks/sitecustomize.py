@@ -4,6 +4,11 @@ It copies what an Atropos environment logs (`train/percent_correct`, `eval/perce
 append-only file in RLCTL_ENV_METRICS_PATH, so the control plane sees environment metrics with or without
 W&B. Any environment works unchanged: the hook wraps `BaseEnv.wandb_log`, which every environment reaches. With
 RLCTL_ENV_METRICS_PREFIX set (an environment of a mixed run), each metric is also copied under that prefix.
+atroposlib logs an environment's metrics only when the environment sees the trainer's step change, so the groups
+sent after its last look would never be counted when the run ends (a judge's calls, the last groups' scores): on
+SIGTERM (the run stopping, whatever the reason), and when its loop ends (atroposlib ends it once the trainer has
+its steps), an environment that has sent groups since its last log logs once more, to this file only (W&B is not
+called while the process is going); at SIGTERM it then dies of the signal as before.
 
 The environment is started beside the run's Atropos API and trainer, not after them (docs/RUNS.md#process-order):
 with RLCTL_ENV_API_WAIT_S set, `BaseEnv.register_env` first waits up to that many seconds for the trainer to have
@@ -16,9 +21,11 @@ later.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +35,10 @@ API_PROBE_INTERVAL_S = 0.1
 WAIT_FOR_TRAINER = "wait for trainer to start"  # the Atropos API's answer to an environment it does not let in yet
 RUN_KEY_ENV = "RLCTL_RUN_INFERENCE_KEY"  # rlctl.trainer.inference_guard.KEY_ENV (this hook imports nothing of rlctl)
 RUN_KEY_PLACEHOLDER = "local"  # the `api_key` of the run config's inference server (run_config.py)
+FLUSH_TIMEOUT_S = 2.0  # the last log at SIGTERM: well inside the supervisor's grace before SIGKILL
+UNLOGGED = "_rlctl_unlogged_groups"  # an environment's groups sent since its last log
+FLUSHING = "_rlctl_flushing"  # set during the last log: the file only, not W&B
+LAST_LOG = "_rlctl_last_log"  # the task of the last log, once SIGTERM has come
 
 
 def _install() -> None:
@@ -38,17 +49,72 @@ def _install() -> None:
         from atroposlib.envs.base import BaseEnv
     except Exception:  # noqa: BLE001 - not an Atropos process after all: nothing to hook
         return
-    original = BaseEnv.wandb_log
-
-    async def wandb_log(self: BaseEnv, wandb_metrics: dict[str, Any] | None = None) -> None:
-        if wandb_metrics:
-            _append(path, getattr(self, "curr_step", 0), wandb_metrics)
-        await original(self, wandb_metrics)
-
-    BaseEnv.wandb_log = wandb_log
+    _copy_metrics(BaseEnv, path)
+    _log_once_more_at_stop(BaseEnv)
     _use_the_run_key()
     _wait_for_the_api(BaseEnv)
     _guard_wandb_init()
+
+
+def _copy_metrics(base_env: Any, path: str) -> None:
+    """What an environment logs (its `wandb_log` adds its metrics, then calls the base's) goes to `path` too."""
+    original = base_env.wandb_log
+
+    async def wandb_log(self: Any, wandb_metrics: dict[str, Any] | None = None) -> None:
+        if wandb_metrics:
+            _append(path, getattr(self, "curr_step", 0), wandb_metrics)
+        setattr(self, UNLOGGED, 0)
+        if not getattr(self, FLUSHING, False):
+            await original(self, wandb_metrics)
+
+    base_env.wandb_log = wandb_log
+
+
+def _log_once_more_at_stop(base_env: Any) -> None:
+    """Counts the groups sent since the last log, and logs them at SIGTERM (see the module's docstring)."""
+    original_send, original_manager = base_env.handle_send_to_api, base_env.env_manager
+
+    async def handle_send_to_api(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = await original_send(self, *args, **kwargs)
+        setattr(self, UNLOGGED, getattr(self, UNLOGGED, 0) + 1)
+        return answer
+
+    async def env_manager(self: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        # where this loop takes no signals (not the main thread), SIGTERM ends the process at once, as before
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, _stopping, self, loop)
+        try:
+            return await original_manager(self)
+        finally:  # its loop ends once the trainer has its steps: the process then exits
+            await _last_log(self)
+
+    base_env.handle_send_to_api = handle_send_to_api
+    base_env.env_manager = env_manager
+
+
+def _stopping(env: Any, loop: asyncio.AbstractEventLoop) -> None:
+    if not hasattr(env, LAST_LOG):  # a second SIGTERM while the last log runs changes nothing
+        setattr(env, LAST_LOG, loop.create_task(_log_then_die(env)))  # held: the loop keeps tasks weakly
+
+
+async def _log_then_die(env: Any) -> None:
+    try:
+        await _last_log(env)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def _last_log(env: Any) -> None:
+    """The groups sent since the environment's last log, logged to the file only (the process is ending)."""
+    if not getattr(env, UNLOGGED, 0):
+        return
+    setattr(env, FLUSHING, True)
+    try:
+        await asyncio.wait_for(env.wandb_log({}), FLUSH_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - the process is ending either way
+        print(f"rlctl: the environment's last metrics were not logged ({type(error).__name__}: {error})", flush=True)
 
 
 def _use_the_run_key() -> None:
