@@ -109,10 +109,10 @@ def test_the_environment_registers_at_its_first_attempt_once_the_trainer_has(
 
 # An environment process, in miniature: `Base` stands for atroposlib's BaseEnv (what the hook wraps), `Env` for an
 # environment that adds its metrics in `wandb_log`. It sends 2 groups and logs them, then sends `after` more and says
-# "ready"; then its loop ends ("end"), or it runs until it is stopped ("stop"). "W&B" is printed whenever the base's
-# own `wandb_log` (W&B's) runs.
+# "ready"; then its loop ends ("end"), or it runs until it is stopped ("stop"), or it holds its event loop until it
+# is stopped ("blocked": a coroutine in a long call). "W&B" is printed whenever the base's own `wandb_log` (W&B's) runs.
 ENVIRONMENT = """
-import asyncio, sys
+import asyncio, sys, time
 from rlctl.supervisor.envhooks import sitecustomize as hook
 
 class Base:
@@ -131,6 +131,8 @@ class Base:
         print("ready", flush=True)
         if sys.argv[3] == "stop":
             await asyncio.Event().wait()
+        if sys.argv[3] == "blocked":
+            time.sleep(3600)
 
 class Env(Base):
     async def wandb_log(self, metrics=None):
@@ -142,7 +144,7 @@ asyncio.run(Env().env_manager())
 """
 
 
-@pytest.mark.parametrize(("after", "ending"), [(2, "stop"), (0, "stop"), (2, "end")])
+@pytest.mark.parametrize(("after", "ending"), [(2, "stop"), (0, "stop"), (2, "end"), (2, "blocked")])
 def test_an_environment_logs_the_groups_sent_since_its_last_log_as_it_ends(
     tmp_path: Path, after: int, ending: str
 ) -> None:
@@ -152,15 +154,16 @@ def test_an_environment_logs_the_groups_sent_since_its_last_log_as_it_ends(
     try:
         assert environment.stdout is not None
         assert [environment.stdout.readline() for _ in range(2)] == ["W&B\n", "ready\n"]
-        if ending == "stop":
+        if ending != "end":
             environment.send_signal(signal.SIGTERM)
         rest = environment.communicate(timeout=REQUEST_TIMEOUT)[0]
     finally:
         environment.kill()
         environment.wait()
-    # stopped, it dies of the SIGTERM, as without the hook
-    assert environment.returncode == (-signal.SIGTERM if ending == "stop" else 0)
+    # stopped, it dies of the SIGTERM, as without the hook (a held loop too: FLUSH_TIMEOUT_S later, without its log)
+    assert environment.returncode == (0 if ending == "end" else -signal.SIGTERM)
     assert rest == ""  # the last log does not call W&B
     logged = [json.loads(line) for line in metrics.read_text().splitlines()]
-    expected = [(0, 2.0), (1, 4.0)] if after else [(0, 2.0)]  # nothing sent since the last log: nothing to add
+    # nothing sent since the last log, or no turn of the loop to log it: nothing to add
+    expected = [(0, 2.0), (1, 4.0)] if after and ending != "blocked" else [(0, 2.0)]
     assert [(record["step"], record["metrics"]["groups/sent"]) for record in logged] == expected

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,10 +37,10 @@ API_PROBE_INTERVAL_S = 0.1
 WAIT_FOR_TRAINER = "wait for trainer to start"  # the Atropos API's answer to an environment it does not let in yet
 RUN_KEY_ENV = "RLCTL_RUN_INFERENCE_KEY"  # rlctl.trainer.inference_guard.KEY_ENV (this hook imports nothing of rlctl)
 RUN_KEY_PLACEHOLDER = "local"  # the `api_key` of the run config's inference server (run_config.py)
-FLUSH_TIMEOUT_S = 2.0  # the last log at SIGTERM: well inside the supervisor's grace before SIGKILL
+FLUSH_TIMEOUT_S = 2.0  # the last log's limit: well inside the supervisor's grace before SIGKILL
 UNLOGGED = "_rlctl_unlogged_groups"  # an environment's groups sent since its last log
 FLUSHING = "_rlctl_flushing"  # set during the last log: the file only, not W&B
-LAST_LOG = "_rlctl_last_log"  # the task of the last log, once SIGTERM has come
+LAST_LOG = "_rlctl_last_log"  # the task of the last log after a SIGTERM (held: the loop keeps tasks weakly)
 
 
 def _install() -> None:
@@ -81,9 +83,9 @@ def _log_once_more_at_stop(base_env: Any) -> None:
 
     async def env_manager(self: Any) -> Any:
         loop = asyncio.get_running_loop()
-        # where this loop takes no signals (not the main thread), SIGTERM ends the process at once, as before
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGTERM, _stopping, self, loop)
+        # off the main thread no handler can be set: SIGTERM then ends the process at once, as before
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, functools.partial(_stopping, self, loop))
         try:
             return await original_manager(self)
         finally:  # its loop ends once the trainer has its steps: the process then exits
@@ -93,16 +95,20 @@ def _log_once_more_at_stop(base_env: Any) -> None:
     base_env.env_manager = env_manager
 
 
-def _stopping(env: Any, loop: asyncio.AbstractEventLoop) -> None:
-    if not hasattr(env, LAST_LOG):  # a second SIGTERM while the last log runs changes nothing
-        setattr(env, LAST_LOG, loop.create_task(_log_then_die(env)))  # held: the loop keeps tasks weakly
+def _stopping(env: Any, loop: asyncio.AbstractEventLoop, _signal: int, _frame: Any) -> None:
+    """SIGTERM: the last log on the environment's loop, then the signal's own end; at most FLUSH_TIMEOUT_S later
+    whatever the loop is doing (a Python handler runs between two bytecodes, not when the loop next turns)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    deadline = threading.Timer(FLUSH_TIMEOUT_S, os.kill, (os.getpid(), signal.SIGTERM))
+    deadline.daemon = True
+    deadline.start()
+    loop.call_soon_threadsafe(lambda: setattr(env, LAST_LOG, loop.create_task(_log_then_die(env))))
 
 
 async def _log_then_die(env: Any) -> None:
     try:
         await _last_log(env)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
 
