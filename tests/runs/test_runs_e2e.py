@@ -198,11 +198,16 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+RESUMED_STEPS = 60
+
+
 def test_a_stopped_run_resumes_and_a_new_run_starts_warm(any_database_settings: Callable[..., Any]) -> None:
     """Stopped halfway, the run resumes from its checkpoint with its optimiser state: same id, its reward curve
     continues where it was (no fall back to the base's), to completion. Then a run warm-started from it begins at
     its reward, not the base's, and shows where it came from."""
-    settings = any_database_settings(local_total_steps=30, local_save_checkpoint_interval=5)
+    # 60 steps: the stop at step 12 or later must land mid-run, and a step can take 40 ms here, while the metrics
+    # that show step 12 reach the service up to a second later
+    settings = any_database_settings(local_total_steps=RESUMED_STEPS, local_save_checkpoint_interval=5)
     with in_process_service(settings) as live, live.client() as client:
         run_id = start(client, config={"group_size": 8, "batch_size": 32})["id"]
         wait_until(lambda: max(rewards(client, run_id), default=0) >= 12, timeout=300, message="step 12")
@@ -224,32 +229,35 @@ def test_a_stopped_run_resumes_and_a_new_run_starts_warm(any_database_settings: 
         assert resumed.status_code == 200, resumed.text
         assert resumed.json()["id"] == run_id and resumed.json()["status"] in ("pending", "starting", "queued")
         final = wait_for_status(client, run_id, {"completed"}, timeout=300)
-        assert final["last_step"] == 30 and final["failure"] is None
+        assert final["last_step"] == RESUMED_STEPS and final["failure"] is None
         after = rewards(client, run_id)
-        assert sorted(after) == list(range(1, 31))  # one history: the steps before the stop kept, the rest after
+        # one history: the steps before the stop kept, the rest after
+        assert sorted(after) == list(range(1, RESUMED_STEPS + 1))
         assert all(after[step] == before[step] for step in before)
         base, before_stop = mean([after[s] for s in (1, 2, 3)]), mean([after[s] for s in range(last - 2, last + 1)])
         continued = mean([after[s] for s in range(last + 1, last + 4)])
         print(f"reward: base {base:.2f}, before the stop {before_stop:.2f}, after the resume {continued:.2f}")
         assert continued > base + 0.05, after  # not reset to the base's reward
-        archived = client.get(f"/runs/{run_id}/checkpoints/30/archive")
+        archived = client.get(f"/runs/{run_id}/checkpoints/{RESUMED_STEPS}/archive")
         assert archived.status_code == 200 and archived.headers["content-type"] == "application/x-tar"
         with tarfile.open(fileobj=io.BytesIO(archived.content)) as archive:
-            assert set(archive.getnames()) >= {f"{run_id}-step_30/adapter_model.safetensors"}
+            assert set(archive.getnames()) >= {f"{run_id}-step_{RESUMED_STEPS}/adapter_model.safetensors"}
             assert not any(name.endswith("optimizer.pt") for name in archive.getnames())
         missing_archive = client.get(f"/runs/{run_id}/checkpoints/7/archive")
         assert missing_archive.status_code == 404
         assert missing_archive.json()["error"]["code"] == "CHECKPOINT_NOT_FOUND"
-        assert client.put(f"/runs/{run_id}/checkpoints/30/pin").json()["pinned"] == [30]
+        pin = f"/runs/{run_id}/checkpoints/{RESUMED_STEPS}/pin"
+        assert client.put(pin).json()["pinned"] == [RESUMED_STEPS]
         assert client.put(f"/runs/{run_id}/checkpoints/7/pin").status_code == 404
-        assert client.delete(f"/runs/{run_id}/checkpoints/30/pin").json()["pinned"] == []
+        assert client.delete(pin).json()["pinned"] == []
         again = client.post(f"/runs/{run_id}/resume")
         assert again.status_code == 409 and again.json()["error"]["code"] == "INVALID_STATE"  # completed
 
-        warm = start(client, config={"group_size": 8, "batch_size": 32}, init_from={"run": run_id, "step": 30})
-        assert warm["init_from"] == {"run": run_id, "step": 30}
+        source = {"run": run_id, "step": RESUMED_STEPS}
+        warm = start(client, config={"group_size": 8, "batch_size": 32}, init_from=source)
+        assert warm["init_from"] == source
         wait_for_status(client, warm["id"], {"completed"}, timeout=300)
-        source_last = mean([after[s] for s in (28, 29, 30)])
+        source_last = mean([after[s] for s in range(RESUMED_STEPS - 2, RESUMED_STEPS + 1)])
         warm_first = mean([rewards(client, warm["id"])[s] for s in (1, 2, 3)])
         print(f"warm start: source's last reward {source_last:.2f}, the new run's first {warm_first:.2f}")
         assert warm_first > base + 0.05 and abs(warm_first - source_last) < 0.2
