@@ -105,7 +105,7 @@ def reopen(ctx: AppContext, replica_id: str, run_id: str, step: int | None) -> N
                 {"run_id": run_id, "status": run.status},
             )
         checkpoint = checkpoint_of(paths, step)
-        _require_steps_left(run_id, checkpoint["step"], run.config)
+        _require_steps_left(run_id, checkpoint["step"], run.total_steps)
         ports = Ports(*free_ports(2))
         config = with_ports(run.config, ports)
         paths.config.write_text(run_config.render_yaml(config))
@@ -126,11 +126,10 @@ def reopen(ctx: AppContext, replica_id: str, run_id: str, step: int | None) -> N
         session.execute(update(Run).where(Run.id == run_id).values(executor_handle=None, weights=checkpoint["weights"]))
 
 
-def _require_steps_left(run_id: str, step: int, config: dict[str, Any] | None) -> None:
+def _require_steps_left(run_id: str, step: int, total: int | None) -> None:
     """A checkpoint of the run's last step leaves its trainer nothing to do: it would exit at once, before it was
     ready, and fail the run (a run stopped just as it finished its steps has one)."""
-    total = ((config or {}).get("tinker") or {}).get("total_steps")
-    if isinstance(total, int) and step >= total:
+    if total is not None and step >= total:
         raise InvalidState(
             f"run {run_id}'s checkpoint of step {step} is of its last step: nothing is left to train; a new run "
             "warm-started from it (init_from) trains on",
