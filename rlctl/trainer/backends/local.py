@@ -74,8 +74,10 @@ def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, devi
     return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype, device=device)
 
 
-def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return -nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+def _logprobs_of(distribution: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The targets' logprobs from `distribution`, the log-softmax of the logits (training takes the policy's entropy
+    from the same one)."""
+    return distribution.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def _completion_entropy_sum(distribution: torch.Tensor, completion: torch.Tensor) -> float:
@@ -185,7 +187,7 @@ class LocalBackend(TrainingBackend):
     def _target_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logprobs [B, T], mask [B, T]) of the targets of the datums at `indices`."""
         logits, mask = self._forward(data, indices)
-        return _logprobs_of(logits, self._targets(data, indices)), mask
+        return _logprobs_of(torch.log_softmax(logits, dim=-1), self._targets(data, indices)), mask
 
     def _reference_logprobs(self, data: Sequence[TrainingDatum], indices: list[int]) -> torch.Tensor:
         """The targets' logprobs under the base model: the adapter off, so no second model is held. The adapter
@@ -230,7 +232,7 @@ class LocalBackend(TrainingBackend):
                 measure_kl = self._config.kl_coef > 0 or (reference_metric and number == 0)
                 logits, mask = self._forward(data, indices)
                 distribution = torch.log_softmax(logits, dim=-1)  # once, for the logprobs and the entropy
-                logprobs = distribution.gather(-1, self._targets(data, indices).unsqueeze(-1)).squeeze(-1)
+                logprobs = _logprobs_of(distribution, self._targets(data, indices))
                 sampler = _pad([data[i].sampler_logprobs or [] for i in indices], 0.0, torch.float32, self._device)
                 advantages = _pad([data[i].advantages for i in indices], 0.0, torch.float32, self._device)
                 completion = _pad([data[i].completion_mask for i in indices], 0.0, torch.float32, self._device)
