@@ -283,8 +283,7 @@ class PipelineRun:
 
 
 # A tool environment's run in these tests: a conversation fits 1024 tokens, no evaluation, one batch ahead at most
-# (rollouts of the policy being trained; and the environment sees a step change, when atroposlib logs its metrics,
-# before its third batch).
+# (rollouts of the policy being trained, not of one three steps old).
 TOOL_RUN_ENV = {
     "max_token_length": 1024,
     "max_turns": 3,
