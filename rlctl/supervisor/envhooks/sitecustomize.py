@@ -38,7 +38,7 @@ WAIT_FOR_TRAINER = "wait for trainer to start"  # the Atropos API's answer to an
 RUN_KEY_ENV = "RLCTL_RUN_INFERENCE_KEY"  # rlctl.trainer.inference_guard.KEY_ENV (this hook imports nothing of rlctl)
 RUN_KEY_PLACEHOLDER = "local"  # the `api_key` of the run config's inference server (run_config.py)
 FLUSH_TIMEOUT_S = 2.0  # the last log's limit: well inside the supervisor's grace before SIGKILL
-UNLOGGED = "_rlctl_unlogged_groups"  # an environment's groups sent since its last log
+UNLOGGED = "_rlctl_sent_since_log"  # whether an environment has sent groups since its last log
 FLUSHING = "_rlctl_flushing"  # set during the last log: the file only, not W&B
 LAST_LOG = "_rlctl_last_log"  # the task of the last log after a SIGTERM (held: the loop keeps tasks weakly)
 
@@ -65,7 +65,7 @@ def _copy_metrics(base_env: Any, path: str) -> None:
     async def wandb_log(self: Any, wandb_metrics: dict[str, Any] | None = None) -> None:
         if wandb_metrics:
             _append(path, getattr(self, "curr_step", 0), wandb_metrics)
-        setattr(self, UNLOGGED, 0)
+        setattr(self, UNLOGGED, False)
         if not getattr(self, FLUSHING, False):
             await original(self, wandb_metrics)
 
@@ -73,12 +73,12 @@ def _copy_metrics(base_env: Any, path: str) -> None:
 
 
 def _log_once_more_at_stop(base_env: Any) -> None:
-    """Counts the groups sent since the last log, and logs them at SIGTERM (see the module's docstring)."""
+    """Notes the groups sent since the last log, and logs them as the environment ends (the module's docstring)."""
     original_send, original_manager = base_env.handle_send_to_api, base_env.env_manager
 
     async def handle_send_to_api(self: Any, *args: Any, **kwargs: Any) -> Any:
         answer = await original_send(self, *args, **kwargs)
-        setattr(self, UNLOGGED, getattr(self, UNLOGGED, 0) + 1)
+        setattr(self, UNLOGGED, True)
         return answer
 
     async def env_manager(self: Any) -> Any:
@@ -114,7 +114,7 @@ async def _log_then_die(env: Any) -> None:
 
 async def _last_log(env: Any) -> None:
     """The groups sent since the environment's last log, logged to the file only (the process is ending)."""
-    if not getattr(env, UNLOGGED, 0):
+    if not getattr(env, UNLOGGED, False):
         return
     setattr(env, FLUSHING, True)
     try:
