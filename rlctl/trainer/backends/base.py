@@ -162,10 +162,14 @@ class TrainingBackend(ABC):
         for any (the service runs one model's requests in the order sent), as tinker-cookbook does."""
         return timed_step(
             time.perf_counter(),
-            lambda: self.forward_backward(data),
+            lambda: self.step_gradients(data, step),
             lambda: self.optim_step(learning_rate),
             lambda: self.publish_weights(step),
         )
+
+    def step_gradients(self, data: Sequence[TrainingDatum], step: int) -> ForwardBackwardResult:
+        """Step `step`'s `forward_backward` (a backend may measure some metrics on some steps only)."""
+        return self.forward_backward(data)
 
     @abstractmethod
     def publish_weights(self, step: int) -> PublishedWeights:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -25,9 +24,7 @@ from rlctl.trainer.backends.base import (
     PublishedWeights,
     SamplingRequest,
     SamplingRequestError,
-    StepOutcome,
     TrainingBackend,
-    timed_step,
 )
 from rlctl.trainer.backends.sampler import BatchedSampler, PendingSample
 from rlctl.trainer.backends.sampler_process import ProcessSampler, use_process_sampler
@@ -210,14 +207,8 @@ class LocalBackend(TrainingBackend):
                     result[index] = logprobs[row, : len(data[index].target_tokens)].tolist()
         return result
 
-    def train_step(self, data: Sequence[TrainingDatum], learning_rate: float, step: int) -> StepOutcome:
-        reference_metric = (step - 1) % KL_METRIC_EVERY == 0
-        return timed_step(
-            time.perf_counter(),
-            lambda: self.forward_backward(data, reference_metric=reference_metric),
-            lambda: self.optim_step(learning_rate),
-            lambda: self.publish_weights(step),
-        )
+    def step_gradients(self, data: Sequence[TrainingDatum], step: int) -> ForwardBackwardResult:
+        return self.forward_backward(data, reference_metric=(step - 1) % KL_METRIC_EVERY == 0)
 
     def forward_backward(
         self, data: Sequence[TrainingDatum], *, reference_metric: bool = True
