@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 from starlette.types import Scope
 
-from rlctl.service.auth.guard import AuthenticationGate, authenticate
+from rlctl.service.auth.guard import AuthenticationGate, document_bearer
 from rlctl.service.collections import jobs as collection_jobs
 from rlctl.service.collections import routes as collection_routes
 from rlctl.service.context import AppContext
@@ -38,7 +38,7 @@ from rlctl.service.inference_tests import jobs as inference_test_jobs
 from rlctl.service.inference_tests.routes import router as inference_tests_router
 from rlctl.service.jobs.routes import router as jobs_router
 from rlctl.service.jobs.runner import JobRunner
-from rlctl.service.monitoring import install_monitoring
+from rlctl.service.monitoring import install_monitoring, metrics_router
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.routes import logs_router as run_logs_router
 from rlctl.service.runs.routes import node_router as run_node_router
@@ -61,11 +61,11 @@ Errors share one body: `{"error": {"code", "message", "details"}}`.
 """
 
 
-# Behind the token (`authenticate`, then each route's declared scope), checked by the AuthenticationGate before any
-# body is read. Health, the UI page (a static file), the docs and the Ray nodes' calls are not. Runs first: a
-# request is matched against the routes in order, twice (the gate, then the router), and a run's record and the
-# runs' pages are the hottest reads (GET /runs/{id} 0.344 -> 0.324 ms CPU, benchmarks/read_cpu.py); the prefixes
-# differ, so the order changes no match.
+# Behind the token (each route's declared scope), checked by the AuthenticationGate before any body is read.
+# Health, the UI page (a static file), the docs and the Ray nodes' calls are not. Runs first: a request is matched
+# against the routes in order, twice (the gate, then the router), and a run's record and the runs' pages are the
+# hottest reads (GET /runs/{id} 0.344 -> 0.324 ms CPU, benchmarks/read_cpu.py); the prefixes differ, so the order
+# changes no match.
 PROTECTED_ROUTERS = (
     runs_router,
     environments_router,
@@ -159,9 +159,10 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(ui_router)  # a static page; its API calls carry the token
-    protected = [Depends(authenticate)]
-    for router in PROTECTED_ROUTERS:
-        app.include_router(router, dependencies=protected)
+    protected = (*PROTECTED_ROUTERS, metrics_router())
+    for router in protected:
+        app.include_router(router)
+    document_bearer(app)
     app.include_router(run_node_router)  # runs on Ray: each call carries its run's secret (docs/RAY.md)
     mcp_route = Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"])
     app.router.routes.append(mcp_route)
@@ -172,10 +173,11 @@ def create_app(
         AuthenticationGate,
         context=context,
         routes=app.router.routes,
+        protected=protected,
         self_checked=[mcp_route],
         streamed=lambda scope: dataset_routes.body_limit(scope, context.settings) is not None,  # uploads, to disk
     )
-    install_monitoring(app, context, protected)  # /metrics, and the access log inside the request id
+    install_monitoring(app, context)  # the access log inside the request id
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, PlainSerializer
@@ -104,9 +104,19 @@ _PATH_ROOTS: ContextVar[tuple[tuple[str, str], ...] | None] = ContextVar("rlctl_
 def path_roots(settings: Settings) -> tuple[tuple[str, str], ...]:
     """(absolute root, shown prefix), most specific first: the data directory shows as '' (runs/<id>/...), an
     environment directory by its name (environments/gsm8k.py)."""
-    roots = [(str(settings.data_path), "")]
-    roots += [(str(d), d.name) for d in settings.environment_directories if not d.is_relative_to(settings.data_path)]
-    return tuple(roots)
+    return _roots(settings.data_path, tuple(settings.environment_directories))
+
+
+@functools.lru_cache(maxsize=16)
+def _roots(data_path: Path, environment_directories: tuple[Path, ...]) -> tuple[tuple[str, str], ...]:
+    """path_roots, worked out once per set of directories (every request asks)."""
+    outside = (d for d in environment_directories if not d.is_relative_to(data_path))
+    return ((str(data_path), ""), *((str(d), d.name) for d in outside))
+
+
+def shown_roots() -> tuple[tuple[str, str], ...] | None:
+    """The roots paths are shown relative to now (None: outside a request, paths stay as they are)."""
+    return _PATH_ROOTS.get()
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -283,8 +283,7 @@ class Settings(BaseSettings):
 
     @property
     def environment_directories(self) -> list[Path]:
-        extra = [Path(p).expanduser().resolve() for p in self.environment_dirs.split(os.pathsep) if p.strip()]
-        return [BUILTIN_ENVIRONMENTS_DIR, *extra, self.managed_environments_dir]
+        return [BUILTIN_ENVIRONMENTS_DIR, *_resolved_directories(self.environment_dirs), self.managed_environments_dir]
 
     @property
     def managed_environments_dir(self) -> Path:
@@ -342,6 +341,13 @@ class Settings(BaseSettings):
         """Every configured secret, so log and response scrubbers can look for them."""
         values = (getattr(self, name) for name in SECRET_SETTINGS)
         return [value.get_secret_value() for value in values if value and value.get_secret_value()]
+
+
+@cache
+def _resolved_directories(setting: str) -> tuple[Path, ...]:
+    """RLCTL_ENVIRONMENT_DIRS' directories, resolved once per value: every response asks for them (the roots its
+    paths are shown relative to), and resolving costs system calls."""
+    return tuple(Path(p).expanduser().resolve() for p in setting.split(os.pathsep) if p.strip())
 
 
 def _secret_env_names() -> frozenset[str]:

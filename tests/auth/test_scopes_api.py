@@ -9,15 +9,18 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import httpx
 import pytest
+from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
 
-from rlctl.service.auth.guard import route_scope
+from rlctl.service.auth.guard import AuthenticationGate, CurrentPrincipal, route_scope
 from rlctl.service.auth.scopes import Scope, allows
-from rlctl.service.auth.tokens import TokenStore
+from rlctl.service.auth.tokens import Principal, TokenStore
 from rlctl.service.settings import Settings
 from rlctl.service.tools.catalog import ALL_TOOLS
 from tests.support import mcp_raw
@@ -103,6 +106,51 @@ def test_the_scopes_of_the_routes_follow_the_rules(scoped: Scoped) -> None:
             assert declared == Scope.ADMIN, route.path
         elif route.methods == {"GET"}:
             assert declared == Scope.READ, route.path
+
+
+def test_the_document_shows_each_operation_s_token_and_scope(scoped: Scoped) -> None:
+    """Clients and agents read from the OpenAPI document which token and scope each operation takes."""
+    with scoped.client(Scope.READ) as client:
+        document = client.get("/openapi.json").json()
+    assert document["components"]["securitySchemes"]["HTTPBearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "RLCTL_API_TOKEN, or a token of the tokens file",
+    }
+    documented = [r for r in protected_routes(scoped.live) if r.include_in_schema]
+    assert len(documented) > 40
+    for route in documented:
+        for method in route.methods:
+            operation = document["paths"][route.path][method.lower()]
+            assert operation["security"] == [{"HTTPBearer": []}], route.path
+            assert operation["x-required-scope"] == route_scope(route), route.path
+    for path in ("/healthz", "/readyz"):
+        assert "security" not in document["paths"][path]["get"]
+
+
+def test_a_protected_route_that_declares_no_scope_needs_admin(make_settings: Callable[..., Settings]) -> None:
+    """Fail closed: the gate asks `admin` of a route behind the token that declares no scope."""
+    settings = make_settings(api_token=ADMIN_TOKEN)
+    store = TokenStore(settings.tokens_path)
+    tokens = {scope: store.create(f"t-{scope.value}", (scope,)) for scope in Scope}
+    router = APIRouter()
+
+    @router.get("/undeclared")
+    async def undeclared(principal: Annotated[Principal, CurrentPrincipal]) -> dict[str, str]:
+        return {"caller": principal.name}
+
+    app = FastAPI()
+    app.include_router(router)
+    context = SimpleNamespace(settings=settings, tokens=store)
+    app.add_middleware(AuthenticationGate, context=context, routes=app.router.routes, protected=[router])
+    with TestClient(app) as client:
+        for scope in (Scope.READ, Scope.OPERATE):
+            refused = client.get("/undeclared", headers={"Authorization": f"Bearer {tokens[scope]}"})
+            assert refused.status_code == 403
+            assert refused.json()["error"]["details"]["required_scope"] == "admin"
+        allowed = client.get("/undeclared", headers={"Authorization": f"Bearer {tokens[Scope.ADMIN]}"})
+        assert allowed.status_code == 200 and allowed.json() == {"caller": "t-admin"}
+        assert client.get("/undeclared").status_code == 401
 
 
 def test_no_token_wrong_token_and_the_env_token(scoped: Scoped) -> None:

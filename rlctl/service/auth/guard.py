@@ -1,7 +1,10 @@
 """Authentication and scope checks of HTTP requests (docs/AUTH.md).
 
-Every protected route declares the scope it needs with one of READ, OPERATE or ADMIN in its `dependencies`;
-a protected route that declares none needs `admin` (fail closed), and a test fails on it.
+Every protected route declares the scope it needs with one of READ, OPERATE or ADMIN as its `openapi_extra`;
+a protected route that declares none needs `admin` (fail closed), and a test fails on it. The AuthenticationGate
+alone checks them, before the route runs: declarations, not dependencies, so that FastAPI resolves nothing for
+authentication on a request (resolving `authenticate`, its bearer scheme and a scope check cost a run's record a
+fifth of its CPU, 0.07 of 0.34 ms: benchmarks/read_cpu.py).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import logging
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, FastAPI, Request
+from fastapi.security import HTTPBearer
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as ASGIScope
@@ -26,6 +29,8 @@ from rlctl.service.observability import actor_var, caller_scopes_var
 from rlctl.service.settings import Settings
 
 logger = logging.getLogger("rlctl.auth")
+BEARER = "HTTPBearer"  # the scheme's name in the OpenAPI document
+SCOPE_FIELD = "x-required-scope"  # a protected operation's scope in the OpenAPI document
 bearer_scheme = HTTPBearer(auto_error=False, description="RLCTL_API_TOKEN, or a token of the tokens file")
 MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer <token>'"
 
@@ -66,44 +71,47 @@ def require(principal: Principal, needed: Scope, what: str) -> None:
         )
 
 
-async def authenticate(
-    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)
-) -> Principal:
-    """Router-level: who calls. Also enforces `admin` on a protected route that declares no scope."""
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    context = request.app.state.context
-    principal = identify(context.settings, context.tokens, header)
-    remember(request, principal)
-    if route_scope(request.scope.get("route")) is None:
-        require(principal, Scope.ADMIN, "a route without a declared scope")
-    return principal
-
-
-def remember(request: Request, principal: Principal) -> None:
-    """The acting token's name, for the access log (request state) and for records the request creates."""
-    request.state.token_name = principal.name
+def remember(scope: ASGIScope, principal: Principal) -> None:
+    """The acting token: for the route (`CurrentPrincipal`), the access log (the request's state) and the records
+    the request creates (set before the route runs, so its worker threads inherit them)."""
+    state = scope.setdefault("state", {})
+    state["principal"] = principal
+    state["token_name"] = principal.name
     actor_var.set(principal.name)
     caller_scopes_var.set(frozenset(scope.value for scope in principal.scopes))
 
 
-class ScopeCheck:
-    """A route's declared scope, and its check (after authentication)."""
+def current_principal(request: Request) -> Principal:
+    """The caller the gate identified (a route behind the token only)."""
+    principal: Principal = request.state.principal
+    return principal
 
-    def __init__(self, scope: Scope) -> None:
-        self.scope = scope
 
-    async def __call__(self, request: Request, principal: Principal = Depends(authenticate)) -> Principal:
-        require(principal, self.scope, f"{request.method} {getattr(request.scope.get('route'), 'path', '')}")
-        return principal
+def declared(scope: Scope) -> dict[str, Any]:
+    """A protected route's declaration (its `openapi_extra`): the token it takes and the scope it needs, both
+    shown in the OpenAPI document."""
+    return {"security": [{BEARER: []}], SCOPE_FIELD: scope.value}
 
 
 def route_scope(route: Any) -> Scope | None:
-    """The scope a route declares through a ScopeCheck dependency, if any."""
-    dependant = getattr(route, "dependant", None)
-    for dependency in getattr(dependant, "dependencies", ()):
-        if isinstance(dependency.call, ScopeCheck):
-            return dependency.call.scope
-    return None
+    """The scope a route declares, if any."""
+    value = (getattr(route, "openapi_extra", None) or {}).get(SCOPE_FIELD)
+    return Scope(value) if value is not None else None
+
+
+def document_bearer(app: FastAPI) -> None:
+    """The OpenAPI document names the bearer scheme the routes' declarations refer to (FastAPI adds a scheme only
+    for a dependency, which a declaration is not)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            schemes = document.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes[BEARER] = bearer_scheme.model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return build()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def token_matches(given: str, expected: str) -> bool:
@@ -119,10 +127,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-READ = Depends(ScopeCheck(Scope.READ))
-OPERATE = Depends(ScopeCheck(Scope.OPERATE))
-ADMIN = Depends(ScopeCheck(Scope.ADMIN))
-CurrentPrincipal = Depends(authenticate)
+READ = declared(Scope.READ)
+OPERATE = declared(Scope.OPERATE)
+ADMIN = declared(Scope.ADMIN)
+CurrentPrincipal = Depends(current_principal)
 
 
 class AuthenticationGate:
@@ -130,8 +138,8 @@ class AuthenticationGate:
     (FastAPI parses a JSON body before it resolves dependencies, so eight unauthenticated 16 MB posts once held
     the interpreter for seconds), and bounds the body bytes each caller has in flight over all its requests.
 
-    Protected routes are those behind the `authenticate` dependency (it still runs there, and names the caller for
-    the request); `self_checked` ones (`/mcp`) check scopes per tool themselves, the gate only
+    Protected routes are those of the `protected` routers: the gate checks the scope each declares and names the
+    caller for the request (`remember`); `self_checked` ones (`/mcp`) check scopes per tool themselves, the gate only
     identifies the caller. Every other route (health, docs, the UI page, Ray nodes' calls) is the caller's address.
     The budget counts bodies held whole in memory (JSON); `streamed` names the requests whose body goes to disk as it
     arrives (uploads, with their own limit), which it does not count.
@@ -142,6 +150,7 @@ class AuthenticationGate:
         app: ASGIApp,
         context: Any,
         routes: Sequence[BaseRoute],
+        protected: Collection[Any],
         self_checked: Collection[BaseRoute] = (),
         streamed: Callable[[ASGIScope], bool] = lambda _scope: False,
     ) -> None:
@@ -149,6 +158,7 @@ class AuthenticationGate:
         self.streamed = streamed
         self.context = context
         self.routes = routes  # the app's, in its order: the route the router will pick is the one checked
+        self.protected = {id(router) for router in protected}  # the routers included behind the token
         self.self_checked = {id(route) for route in self_checked}
         self.in_flight: dict[str, int] = {}  # caller -> body bytes received by its unfinished requests
 
@@ -197,17 +207,19 @@ class AuthenticationGate:
             client = scope.get("client") or ("unknown", 0)
             return f"address:{client[0]}"
         principal = identify(self.context.settings, self.context.tokens, _header(scope, b"authorization"))
-        scope.setdefault("state", {})["token_name"] = principal.name  # for the access log of a refused call
-        if protected:
-            needed = route_scope(route) or Scope.ADMIN  # fail closed, as `authenticate` does
-            require(principal, needed, f"{scope.get('method')} {getattr(route, 'path', '')}")
+        if not protected:
+            scope.setdefault("state", {})["token_name"] = principal.name  # for the access log
+            return f"token:{principal.name}"
+        remember(scope, principal)  # before the check: the access log names a refused caller too
+        needed = route_scope(route) or Scope.ADMIN  # fail closed: a protected route that declares no scope
+        require(principal, needed, f"{scope.get('method')} {getattr(route, 'path', '')}")
         return f"token:{principal.name}"
 
     def _admit(self, caller: str, scope: ASGIScope) -> None:
         """A declared length that would put the caller over its budget is refused before it is read."""
         budget = self.context.settings.max_caller_body_bytes
-        declared = _header(scope, b"content-length") or ""
-        if declared.isdigit() and self.in_flight.get(caller, 0) + int(declared) > budget:
+        length = _header(scope, b"content-length") or ""
+        if length.isdigit() and self.in_flight.get(caller, 0) + int(length) > budget:
             raise _over_budget(budget)
 
     def _route(self, scope: ASGIScope) -> tuple[BaseRoute | None, bool]:
@@ -218,10 +230,14 @@ class AuthenticationGate:
             for route in _leaves(entry):
                 match, _ = route.matches(scope)
                 if match == Match.FULL:
-                    return route, is_protected(entry)
+                    return route, self._is_protected(entry)
                 if match == Match.PARTIAL and partial[0] is None:
-                    partial = (route, is_protected(entry))
+                    partial = (route, self._is_protected(entry))
         return partial
+
+    def _is_protected(self, entry: BaseRoute) -> bool:
+        """An entry of a router included behind the token (FastAPI keeps an included router as one entry)."""
+        return id(getattr(entry, "original_router", None)) in self.protected
 
 
 def _leaves(entry: BaseRoute) -> Iterator[BaseRoute]:
@@ -232,12 +248,6 @@ def _leaves(entry: BaseRoute) -> Iterator[BaseRoute]:
         return
     for route in included.routes:
         yield from _leaves(route)
-
-
-def is_protected(entry: BaseRoute) -> bool:
-    """An included router behind the `authenticate` dependency (how the app includes its protected routers)."""
-    dependencies = getattr(getattr(entry, "include_context", None), "dependencies", ())
-    return any(getattr(dependency, "dependency", None) is authenticate for dependency in dependencies)
 
 
 def _over_budget(budget: int) -> PayloadTooLarge:

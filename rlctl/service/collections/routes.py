@@ -50,7 +50,7 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
         },
     )
     | error_responses(404, 409, 413, 422),  # 404: a `model` naming a run that does not exist
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> CollectionOut:
     """Runs an OpenAI-compatible chat model with tools over the prompts, `runs_per_prompt` times each, with
@@ -61,7 +61,7 @@ async def create_collection(ctx: Ctx, body: CreateCollectionRequest) -> Collecti
 
 
 @router.get(
-    "", response_model=CollectionList, summary="List collections", responses=error_responses(422), dependencies=[READ]
+    "", response_model=CollectionList, summary="List collections", responses=error_responses(422), openapi_extra=READ
 )
 async def list_collections(
     ctx: Ctx,
@@ -78,7 +78,7 @@ async def list_collections(
     response_model=CollectionOut,
     summary="Get a collection",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Status, progress (kept, discarded, failed, pending), the job and, once completed, the dataset."""
@@ -90,7 +90,7 @@ async def get_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut
     response_model=CollectionItemsPage,
     summary="List a collection's recorded items",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def list_collection_items(
     ctx: Ctx,
@@ -108,7 +108,7 @@ async def list_collection_items(
     response_model=CollectionOut,
     summary="Cancel a collection",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Stops starting trajectories; running ones stop at their next turn and stay pending. 409 when not running."""
@@ -121,7 +121,7 @@ async def cancel_collection(ctx: Ctx, collection_id: CollectionId) -> Collection
     status_code=202,
     summary="Resume a collection",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def resume_collection(ctx: Ctx, collection_id: CollectionId) -> CollectionOut:
     """Runs every pair without a kept or discarded outcome (failed ones again). 409 unless cancelled or failed."""

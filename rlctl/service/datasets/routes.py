@@ -84,7 +84,6 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
     response_model=DatasetOut,
     status_code=201,
     summary="Upload a dataset",
-    openapi_extra=_UPLOAD_BODY,
     responses=linked(
         201,
         "The stored dataset",
@@ -96,7 +95,7 @@ def body_limit(scope: Scope, settings: Settings) -> int | None:
         },
     )
     | error_responses(404, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE | _UPLOAD_BODY,
 )
 async def upload_dataset(
     ctx: Ctx,
@@ -120,9 +119,7 @@ async def upload_dataset(
         upload.close()
 
 
-@router.get(
-    "", response_model=DatasetList, summary="List datasets", responses=error_responses(422), dependencies=[READ]
-)
+@router.get("", response_model=DatasetList, summary="List datasets", responses=error_responses(422), openapi_extra=READ)
 async def list_datasets(
     ctx: Ctx,
     name: Annotated[str | None, Query(pattern=NAME_PATTERN, description="Only datasets with this name.")] = None,
@@ -140,7 +137,7 @@ async def list_datasets(
     response_model=DatasetOut,
     summary="Get a dataset",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> DatasetOut:
     """Counts, lineage (parent, operation, parameters) and the operation's report."""
@@ -152,7 +149,7 @@ async def get_dataset(ctx: Ctx, dataset_id: DatasetId) -> DatasetOut:
     status_code=204,
     summary="Delete a dataset",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def delete_dataset(ctx: Ctx, dataset_id: DatasetId) -> Response:
     """Removes the dataset and its files; datasets derived from it keep their `parent_id`. 409 while a job
@@ -166,7 +163,7 @@ async def delete_dataset(ctx: Ctx, dataset_id: DatasetId) -> Response:
     response_model=RecordsPage,
     summary="Page through records",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_records(
     ctx: Ctx,
@@ -183,7 +180,7 @@ async def get_records(
     response_model=DatasetStatsOut,
     summary="Dataset statistics",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_stats(ctx: Ctx, dataset_id: DatasetId) -> DatasetStatsOut:
     """Tool calls with success and failure rates, reasoning coverage, completion rate, API calls, token and
@@ -196,7 +193,7 @@ async def get_stats(ctx: Ctx, dataset_id: DatasetId) -> DatasetStatsOut:
     response_model=MetricsPage,
     summary="Per-record compression metrics",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_compression_metrics(
     ctx: Ctx,
@@ -215,7 +212,7 @@ async def get_compression_metrics(
     response_class=StreamingResponse,
     responses=response(200, "JSON Lines: one record per line", media_type=JSONL)
     | json_error_responses(401, 403, 404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def export_dataset(
     ctx: Ctx,
@@ -235,7 +232,7 @@ async def export_dataset(
     response_class=FileResponse,
     responses=response(200, "JSON Lines, one group per line", media_type=JSONL)
     | json_error_responses(401, 403, 404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def download_export(ctx: Ctx, dataset_id: DatasetId, export_id: ExportId) -> FileResponse:
     """One line per prompt group: prompt, rewards, advantages and the group's trajectories."""
@@ -249,7 +246,7 @@ async def download_export(ctx: Ctx, dataset_id: DatasetId, export_id: ExportId) 
     status_code=202,
     summary="Filter into a derived dataset",
     responses=error_responses(404, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -> JobOut:
     """Drops records without reasoning, incomplete ones, ones calling tools outside `allowed_tools`, and ones
@@ -263,7 +260,7 @@ async def filter_dataset(ctx: Ctx, dataset_id: DatasetId, body: FilterRequest) -
     status_code=202,
     summary="Compress into a derived dataset",
     responses=error_responses(404, 409, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressRequest) -> JobOut:
     """Brings each record under `target_max_tokens` (15250) by summarising as little of its middle as needed
@@ -279,7 +276,7 @@ async def compress_dataset(ctx: Ctx, dataset_id: DatasetId, body: CompressReques
     status_code=202,
     summary="Score into a derived dataset",
     responses=error_responses(404, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> JobOut:
     """Weighted reward functions: `correctness` (2.0 when the record's `answer_field` is in the final answer),
@@ -294,7 +291,7 @@ async def score_dataset(ctx: Ctx, dataset_id: DatasetId, body: ScoreRequest) -> 
     status_code=202,
     summary="Export for GRPO",
     responses=error_responses(404, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def export_grpo(ctx: Ctx, dataset_id: DatasetId, body: GrpoExportRequest) -> JobOut:
     """Groups scored records by prompt with their rewards and group-relative advantages (sorted on disk).

@@ -35,7 +35,7 @@ _WRITTEN_LINKS = {
 }
 
 
-@router.get("", response_model=EnvironmentList, summary="List the environments", dependencies=[READ])
+@router.get("", response_model=EnvironmentList, summary="List the environments", openapi_extra=READ)
 def list_environments(ctx: Ctx) -> EnvironmentList:
     """Every environment class found in the environment directories, and the files that could not be read."""
     return service.list_environments(ctx)
@@ -46,7 +46,7 @@ def list_environments(ctx: Ctx) -> EnvironmentList:
     response_model=EnvironmentDetail,
     summary="Describe an environment and its configuration",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_environment(
     ctx: Ctx,
@@ -62,7 +62,7 @@ async def get_environment(
     response_model=ConfigPreview,
     summary="Preview a run's merged configuration",
     responses=error_responses(404, 413, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def preview_environment_config(ctx: Ctx, name: EnvironmentName, body: ConfigPreviewRequest) -> ConfigPreview:
     """Validate edits and show the merged config and YAML a run would get; nothing is stored."""
@@ -84,7 +84,7 @@ IfMatch = Annotated[
     response_model=EnvironmentSource,
     summary="Read an environment's source",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_environment_source(ctx: Ctx, name: EnvironmentName, response: Response) -> EnvironmentSource:
     """The file's source and its SHA-256 (also the ETag), shipped or managed."""
@@ -100,7 +100,7 @@ async def get_environment_source(ctx: Ctx, name: EnvironmentName, response: Resp
     responses=linked(200, "Replaced", _WRITTEN_LINKS)
     | linked(201, "Created", _WRITTEN_LINKS, model=EnvironmentWritten)
     | error_responses(404, 412, 413, 422),
-    dependencies=[ADMIN],
+    openapi_extra=ADMIN,
 )
 async def put_environment(
     ctx: Ctx, name: EnvironmentName, body: WriteEnvironmentRequest, response: Response, if_match: IfMatch = None
@@ -120,7 +120,7 @@ async def put_environment(
     response_model=EnvironmentVersions,
     summary="List a managed environment's versions",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def list_environment_versions(ctx: Ctx, name: EnvironmentName) -> EnvironmentVersions:
     """Every version written through the API, oldest first; `current` marks the live one."""
@@ -132,7 +132,7 @@ async def list_environment_versions(ctx: Ctx, name: EnvironmentName) -> Environm
     response_model=EnvironmentWritten,
     summary="Roll a managed environment back to an earlier version",
     responses=error_responses(404, 412, 422),
-    dependencies=[ADMIN],
+    openapi_extra=ADMIN,
 )
 async def rollback_environment(
     ctx: Ctx, name: EnvironmentName, body: RollbackRequest, response: Response, if_match: IfMatch = None
@@ -148,7 +148,7 @@ async def rollback_environment(
     response_model=EnvironmentDeleted,
     summary="Delete a managed environment",
     responses=error_responses(404, 409, 412, 422),
-    dependencies=[ADMIN],
+    openapi_extra=ADMIN,
 )
 async def delete_environment(ctx: Ctx, name: EnvironmentName, if_match: IfMatch = None) -> EnvironmentDeleted:
     """Removes an environment written through the API (its versions stay for a rollback). 409

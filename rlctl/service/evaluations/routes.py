@@ -24,7 +24,7 @@ EvaluationId = Annotated[str, name_path("Evaluation id, as returned by POST /eva
     status_code=202,
     summary="Evaluate a run's checkpoints against the base model",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def create_evaluation(ctx: Ctx, body: EvaluationRequest) -> EvaluationOut:
     """Sample the base model and the checkpoints on the same prompts (a dataset run's held-out split by default),
@@ -39,7 +39,7 @@ async def create_evaluation(ctx: Ctx, body: EvaluationRequest) -> EvaluationOut:
     response_model=EvaluationOut,
     summary="Get an evaluation",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_evaluation(ctx: Ctx, evaluation_id: EvaluationId) -> EvaluationOut:
     """Progress (completions sampled), then the comparison and the per-prompt results."""

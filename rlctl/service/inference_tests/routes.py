@@ -31,7 +31,7 @@ InferenceTestId = Annotated[str, name_path("Inference test id, as returned by PO
     summary="Start an inference test",
     responses=linked(202, "The queued test", {"GetInferenceTest": link("get_inference_test", test_id="id")})
     | error_responses(404, 409, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> InferenceTestOut:
     """Run the environment's own prompts and scoring on `num_steps` groups of `group_size` completions from each
@@ -48,7 +48,7 @@ async def create_inference_test(ctx: Ctx, body: CreateInferenceTestRequest) -> I
     response_model=InferenceTestList,
     summary="List inference tests",
     responses=error_responses(422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def list_inference_tests(
     ctx: Ctx,
@@ -65,7 +65,7 @@ async def list_inference_tests(
     response_model=InferenceTestOut,
     summary="Get an inference test",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_inference_test(ctx: Ctx, test_id: InferenceTestId) -> InferenceTestOut:
     """Status (queued, running, succeeded, failed, cancelled), progress while it runs, then the result:

@@ -21,7 +21,7 @@ JobId = Annotated[str, name_path("Job id, as returned by the operation that star
 
 
 @router.get(
-    "", response_model=JobList, summary="List background jobs", responses=error_responses(422), dependencies=[READ]
+    "", response_model=JobList, summary="List background jobs", responses=error_responses(422), openapi_extra=READ
 )
 async def list_jobs(
     ctx: Ctx,
@@ -35,7 +35,7 @@ async def list_jobs(
 
 
 @router.get(
-    "/{job_id}", response_model=JobOut, summary="Get a job", responses=error_responses(404, 422), dependencies=[READ]
+    "/{job_id}", response_model=JobOut, summary="Get a job", responses=error_responses(404, 422), openapi_extra=READ
 )
 async def get_job(ctx: Ctx, job_id: JobId) -> JobOut:
     """Status (queued, running, succeeded, failed, cancelled), progress {done, total}, result or error."""
@@ -47,7 +47,7 @@ async def get_job(ctx: Ctx, job_id: JobId) -> JobOut:
     response_model=JobOut,
     summary="Cancel a job",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def cancel_job(ctx: Ctx, job_id: JobId) -> JobOut:
     """A queued job ends at once; a running one stops at its next checkpoint. An ended job is a 409."""

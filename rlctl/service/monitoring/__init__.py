@@ -1,5 +1,5 @@
 """Operations: Prometheus metrics at /metrics and one access log line per request."""
 
-from rlctl.service.monitoring.setup import install_monitoring
+from rlctl.service.monitoring.setup import install_monitoring, metrics_router
 
-__all__ = ["install_monitoring"]
+__all__ = ["install_monitoring", "metrics_router"]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -15,8 +12,8 @@ from rlctl.service.monitoring.access import AccessMiddleware, HttpMetrics, Route
 from rlctl.service.monitoring.state import DatabaseStateCollector
 
 
-def install_monitoring(app: FastAPI, context: AppContext, dependencies: Sequence[Any]) -> None:
-    """Adds /metrics (behind `dependencies`, i.e. the token) and the access middleware.
+def install_monitoring(app: FastAPI, context: AppContext) -> None:
+    """Adds the metrics' registry (served by `metrics_router`, behind the token) and the access middleware.
 
     Call it after adding the body-size limit and before the request-id middleware: each `add_middleware`
     wraps the ones before it, so requests then pass request id → access → body limit → routes.
@@ -24,7 +21,6 @@ def install_monitoring(app: FastAPI, context: AppContext, dependencies: Sequence
     registry = CollectorRegistry()
     registry.register(DatabaseStateCollector(context.db))
     app.state.metrics_registry = registry
-    app.include_router(_metrics_router(), dependencies=list(dependencies))
     templates = RouteTemplates(lambda: _route_paths(app))
     app.add_middleware(AccessMiddleware, metrics=HttpMetrics(registry), templates=templates)
 
@@ -37,10 +33,11 @@ def _route_paths(app: FastAPI) -> list[str]:
     return [*paths, *(path for path in others if isinstance(path, str) and path not in paths)]
 
 
-def _metrics_router() -> APIRouter:
+def metrics_router() -> APIRouter:
+    """/metrics: the app includes it behind the token."""
     router = APIRouter()
 
-    @router.get("/metrics", include_in_schema=False, dependencies=[READ])
+    @router.get("/metrics", include_in_schema=False, openapi_extra=READ)
     async def prometheus_metrics(request: Request) -> Response:
         """Prometheus text format; state gauges are read from the database now."""
         body = await run_in_threadpool(generate_latest, request.app.state.metrics_registry)

@@ -68,7 +68,7 @@ CheckpointStep = Annotated[int, Path_(ge=0, le=MAX_STEP, description="The checkp
         },
     )
     | error_responses(404, 409, 413, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> RunOut:
     """Validate the config, record the run, then start its three processes (API, trainer, environment).
@@ -84,7 +84,7 @@ async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> Ru
     return run
 
 
-@router.get("", response_model=RunList, summary="List runs", responses=error_responses(422), dependencies=[READ])
+@router.get("", response_model=RunList, summary="List runs", responses=error_responses(422), openapi_extra=READ)
 async def list_runs(
     ctx: Ctx,
     status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
@@ -104,7 +104,7 @@ async def list_runs(
     response_model=RunOut,
     summary="Get a run's record",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
@@ -116,7 +116,7 @@ async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
     response_model=RunStatusOut,
     summary="Check a run live (rate limited)",
     responses=response(429, "Checked too recently; see Retry-After", model=RateLimitedBody) | error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def check_run_status(ctx: Ctx, run_id: RunId) -> RunStatusOut:
     """Processes, running time and latest metrics, looked at now. One check per run per
@@ -131,7 +131,7 @@ async def check_run_status(ctx: Ctx, run_id: RunId) -> RunStatusOut:
     response_model=RunOut,
     summary="Stop a run",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def stop_run(
     ctx: Ctx,
@@ -149,7 +149,7 @@ async def stop_run(
     response_model=RunOut,
     summary="Resume a stopped or failed run",
     responses=error_responses(404, 409, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def resume_run(ctx: Ctx, run_id: RunId, body: ResumeRunRequest | None = None) -> RunOut:
     """Continue the run from its newest checkpoint (or the one of `step`) with its optimiser state: the same run id,
@@ -165,7 +165,7 @@ async def resume_run(ctx: Ctx, run_id: RunId, body: ResumeRunRequest | None = No
     summary="Download a checkpoint's weights",
     responses=response(200, "A tar archive: the LoRA adapter and its config", media_type="application/x-tar")
     | json_error_responses(401, 403, 404, 409, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_checkpoint_archive(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> StreamingResponse:
     """A local checkpoint as a tar stream: `{run}-step_{N}/` with `adapter_model.safetensors`,
@@ -185,7 +185,7 @@ async def get_checkpoint_archive(ctx: Ctx, run_id: RunId, step: CheckpointStep) 
     response_model=CheckpointPins,
     summary="Pin a checkpoint against retention",
     responses=error_responses(404, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def pin_checkpoint(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> CheckpointPins:
     """A run with `keep_last_n` deletes its older checkpoints; a pinned one stays (docs/TRAINER.md#retention)."""
@@ -197,7 +197,7 @@ async def pin_checkpoint(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> Check
     response_model=CheckpointPins,
     summary="Unpin a checkpoint",
     responses=error_responses(404, 422),
-    dependencies=[OPERATE],
+    openapi_extra=OPERATE,
 )
 async def unpin_checkpoint(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> CheckpointPins:
     """Retention may delete it again (at the run's next checkpoint) unless it is among the kept ones."""
@@ -209,7 +209,7 @@ async def unpin_checkpoint(ctx: Ctx, run_id: RunId, step: CheckpointStep) -> Che
     response_model=RunPrompts,
     summary="Get a dataset run's prompts",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_run_prompts(
     ctx: Ctx,
@@ -228,7 +228,7 @@ async def get_run_prompts(
     response_model=RunResults,
     summary="Get a run's results",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_run_results(ctx: Ctx, run_id: RunId) -> RunResults:
     """Final metrics, metric history, checkpoints and the trained weights (local directory or tinker:// URI)."""
@@ -240,7 +240,7 @@ async def get_run_results(ctx: Ctx, run_id: RunId) -> RunResults:
     response_model=RunMetrics,
     summary="Get a run's metrics",
     responses=error_responses(404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_run_metrics(
     ctx: Ctx,
@@ -258,7 +258,7 @@ async def get_run_metrics(
     response_class=PlainTextResponse,
     summary="Read or follow a process's log",
     responses=response(200, "Log lines") | json_error_responses(401, 403, 404, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def get_run_log(
     ctx: Ctx,

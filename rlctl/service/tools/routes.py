@@ -33,7 +33,7 @@ class ToolList(BaseModel):
     count: int
 
 
-@router.get("", response_model=ToolList, summary="List the agent tools", dependencies=[READ])
+@router.get("", response_model=ToolList, summary="List the agent tools", openapi_extra=READ)
 def list_tools(ctx: Ctx, principal: Annotated[Principal, CurrentPrincipal]) -> ToolList:
     """Function-calling schemas of every tool the token may call, for an agent's `tools=` parameter."""
     tools = service.list_tools(ctx, principal)
@@ -45,7 +45,7 @@ def list_tools(ctx: Ctx, principal: Annotated[Principal, CurrentPrincipal]) -> T
     response_model=dict[str, Any],
     summary="Call an agent tool",
     responses=error_responses(404, 413, 422),
-    dependencies=[READ],
+    openapi_extra=READ,
 )
 async def call_tool(
     ctx: Ctx,
