@@ -119,7 +119,7 @@ def prepare(ctx: AppContext, source: DatasetSource, env_values: dict[str, Any], 
         plan = _write_offline(ctx, source, env_values, target)
     else:
         plan = _write_online(ctx, source, env_values, target)
-    (target / "split.json").write_text(json.dumps(plan.as_dict(), indent=2))
+    split_file(run_dir).write_text(json.dumps(plan.as_dict(), indent=2))
     return plan
 
 
@@ -339,9 +339,14 @@ def _judge_entry(ctx: AppContext, source: DatasetSource) -> dict[str, Any]:
     return judge_options(ctx.settings, chosen.model if chosen else None, chosen.rubric if chosen else None)
 
 
+def split_file(run_dir: Path) -> Path:
+    """Where a dataset run's split is written (read_plan reads it)."""
+    return dataset_dir(run_dir) / "split.json"
+
+
 def read_plan(run_dir: Path) -> dict[str, Any] | None:
     try:
-        plan: dict[str, Any] = json.loads((dataset_dir(run_dir) / "split.json").read_text())
+        plan: dict[str, Any] = json.loads(split_file(run_dir).read_text())
         return plan
     except (OSError, ValueError):
         return None

@@ -65,8 +65,7 @@ class _ParsedFiles:
 
     def read(self, path: Path) -> dict[str, Any] | None:
         try:
-            stat = os.stat(path)
-            version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            version = _version(path)
             kept = self._parsed.get(path)
             if kept is not None and kept[0] == version:
                 return kept[1]
@@ -83,3 +82,17 @@ class _ParsedFiles:
 
 
 _trainer_states = _ParsedFiles(STATES_KEPT)
+
+
+def file_version(path: Path) -> tuple[int, int, int] | None:
+    """A file's version (inode, modification time, size), None where there is none: a file replaced by a rename
+    (as the trainer writes its state) or rewritten has a new one."""
+    try:
+        return _version(path)
+    except OSError:
+        return None
+
+
+def _version(path: Path) -> tuple[int, int, int]:
+    stat = os.stat(path)
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)

@@ -106,9 +106,11 @@ async def list_runs(
     responses=error_responses(404, 422),
     openapi_extra=READ,
 )
-async def get_run(ctx: Ctx, run_id: RunId) -> RunOut:
+async def get_run(ctx: Ctx, run_id: RunId) -> Response:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
-    return await ctx.db.loop_read(service.run_record_plan, ctx, run_id)
+    # A RunOut's JSON (service.run_record_body_plan): sent as it is, not validated again.
+    body = await ctx.db.loop_read(service.run_record_body_plan, ctx, run_id)
+    return Response(body, media_type="application/json")
 
 
 @router.get(

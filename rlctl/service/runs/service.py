@@ -12,15 +12,19 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     Connection,
     Row,
     Select,
+    Text,
     and_,
     bindparam,
+    cast,
     func,
     null,
     or_,
@@ -61,7 +65,8 @@ from rlctl.service.runs import admission, archive, continuation, lifecycle, metr
 from rlctl.service.runs import datasets as dataset_runs
 from rlctl.service.runs.launch import Ports
 from rlctl.service.runs.manager import RunManager, process_record
-from rlctl.service.runs.paths import ROLES, RunPaths
+from rlctl.service.runs.paths import ROLES, RunPaths, file_version
+from rlctl.service.runs.record_bodies import RecordBodies
 from rlctl.service.runs.resources import resolve_resources
 from rlctl.service.runs.schemas import (
     CheckpointPins,
@@ -84,6 +89,7 @@ from rlctl.service.runs.schemas import (
 )
 from rlctl.service.runs.tool_judge import managed_judge
 from rlctl.service.runs.wandb import WandbMode, WandbPlan, offline_requested, plan_wandb, probe_wandb
+from rlctl.service.schemas import shown_roots
 from rlctl.service.settings import Backend
 from rlctl.service.states import ProcessStatus, RunStatus
 from rlctl.supervisor.executor import Executor, Resources
@@ -109,9 +115,16 @@ _PROCESSES_JSON = (
     .where(PROCESS_COLUMNS.run_id == RUN_COLUMNS.id)
     .scalar_subquery()
 )
-_RUN_RECORD = select(Run.__table__, _PROCESSES_JSON.label("processes_json")).where(
-    RUN_COLUMNS.id == bindparam("run_id")
-)
+# Its JSON columns come as their text (decoded by `_decoded`): a row is then plain values, which the route's
+# bodies are kept by (record_bodies.py).
+_JSON_COLUMNS = tuple(column.key for column in RUN_COLUMNS if isinstance(column.type, JSON))
+_RUN_RECORD = select(
+    *(cast(column, Text).label(column.key) if column.key in _JSON_COLUMNS else column for column in RUN_COLUMNS),
+    _PROCESSES_JSON.label("processes_json"),
+).where(RUN_COLUMNS.id == bindparam("run_id"))
+_record_bodies = RecordBodies()
+# A run's columns by name: its ORM object, a row of its table, or such a row with its JSON decoded (`_record_of`).
+RunFields = Run | Row[Any] | SimpleNamespace
 HEADLINE_METRICS = {
     "reward_mean": "reward/mean",
     "percent_correct": "train/percent_correct",
@@ -320,14 +333,43 @@ def get_run(ctx: AppContext, run_id: str) -> RunOut:
 
 
 def run_record_plan(ctx: AppContext, run_id: str) -> ReadPlan[RunOut]:
-    """GET /runs/{id}: the run and its processes in one statement, its queue place in a second when queued."""
+    """A run's record: the run and its processes in one statement, its queue place in a second when queued."""
+    row, queue_position = yield from _record_row_plan(run_id)
+    return _record_of(ctx, row, queue_position)
+
+
+def run_record_body_plan(ctx: AppContext, run_id: str) -> ReadPlan[bytes]:
+    """GET /runs/{id}'s body: run_record_plan's record as JSON, the one made of the same inputs before when there
+    is one (record_bodies.py)."""
+    row, queue_position = yield from _record_row_plan(run_id)
+    paths = RunPaths(ctx.settings.data_path, row.id)
+    split = dataset_runs.split_file(paths.run_dir) if row.dataset_id else None
+    inputs = (
+        tuple(row),
+        queue_position,
+        file_version(paths.trainer_state),  # read before the state itself: a body is never older than its key
+        split and file_version(split),
+        ctx.settings.data_path,
+        shown_roots(),
+    )
+    return _record_bodies.body(inputs, lambda: _record_of(ctx, row, queue_position).model_dump_json().encode())
+
+
+def _record_row_plan(run_id: str) -> ReadPlan[tuple[Row[Any], int | None]]:
     validate_name(run_id, f"{RunNotFound.subject} id")
     rows = yield Read(_RUN_RECORD, {"run_id": run_id})
     if not rows:
         raise RunNotFound.for_id(run_id)
-    run = rows[0]
-    queue_position = yield from _queue_position_plan(run)
-    return _run_out(ctx, run, _processes_in_order(run.processes_json), queue_position)
+    queue_position = yield from _queue_position_plan(rows[0])
+    return rows[0], queue_position
+
+
+def _record_of(ctx: AppContext, row: Row[Any], queue_position: int | None) -> RunOut:
+    run = SimpleNamespace(**row._asdict())
+    for key in _JSON_COLUMNS:
+        text = getattr(run, key)
+        setattr(run, key, None if text is None else json.loads(text))
+    return _run_out(ctx, run, _processes_in_order(row.processes_json), queue_position)
 
 
 def _processes_in_order(processes_json: str | None) -> list[dict[str, Any]]:
@@ -444,7 +486,7 @@ def _queue_rows_plan(filters: dict[str, Any], limit: int, cursor: str | None) ->
     return (yield Read(query.order_by(*admission.QUEUE_ORDER).limit(limit + 1)))
 
 
-def _summary_fields(run: Run | Row[Any]) -> dict[str, Any]:
+def _summary_fields(run: RunFields) -> dict[str, Any]:
     return {
         "id": run.id,
         "environment": run.environment,
@@ -463,7 +505,7 @@ def _summary_fields(run: Run | Row[Any]) -> dict[str, Any]:
     }
 
 
-def run_warnings(run: Run | Row[Any], state: dict[str, Any] | None) -> list[dict[str, Any]]:
+def run_warnings(run: RunFields, state: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The control plane's warnings (W&B offline), then the trainer's (parameters the server ignores, ...)."""
     return [*(run.warnings or []), *((state or {}).get("warnings") or [])]
 
@@ -475,7 +517,7 @@ def run_record(ctx: AppContext, run: Run, queue_position: int | None = None) -> 
 
 def _run_out(
     ctx: AppContext,
-    run: Run | Row[Any],
+    run: RunFields,
     processes: list[ProcessOut] | list[dict[str, Any]],
     queue_position: int | None,
 ) -> RunOut:
