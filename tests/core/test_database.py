@@ -227,3 +227,52 @@ def test_a_postgresql_read_with_no_server_to_reach_answers_unavailable() -> None
             await reads.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif("postgresql" not in database_kinds(), reason="PostgreSQL is not configured")
+def test_identical_postgresql_reads_share_a_statement_begun_after_they_asked(tmp_path: Path) -> None:
+    """Callers of one key that ask while its statement is under way share the next one, which sees what was
+    committed before they asked: a client reads its own write (rlctl/service/db/shared_reads.py)."""
+    statements: list[str] = []
+    held = 4242  # an advisory lock the test holds: the first statement waits on it, its snapshot already taken
+
+    def counting_plan(label: str) -> ReadPlan[int]:
+        statements.append(label)
+        wait = func.pg_advisory_xact_lock_shared(held).cast(String).label("waited")
+        count = select(func.count()).select_from(Run).scalar_subquery().label("runs")
+        rows = yield Read(select(wait, count))
+        return rows[0].runs
+
+    def waiting_on_the_lock(url: str) -> bool:
+        with Database(url).engine.connect() as connection:
+            query = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            return bool(connection.execute(query).scalar())
+
+    async def scenario(db: Database, url: str) -> list[int]:
+        await db.open_loop_reads()
+        holder = Database(url)
+        try:
+            with holder.engine.connect() as lock:
+                lock.execute(select(func.pg_advisory_lock(held)))
+                first = asyncio.create_task(db.shared_read("runs", counting_plan, "first"))
+                await asyncio.to_thread(wait_until, lambda: waiting_on_the_lock(url), 60, message="the first read")
+                with db.session() as session:
+                    session.add(Run(id="late", environment="echo", backend="local", status="queued", config={}))
+                later = [asyncio.create_task(db.shared_read("runs", counting_plan, f"later {n}")) for n in range(4)]
+                await asyncio.sleep(0)  # they ask while the first is under way
+                lock.execute(select(func.pg_advisory_unlock(held)))
+                lock.commit()
+            return [await first, *await asyncio.gather(*later)]
+        finally:
+            holder.dispose()
+            await db.close_loop_reads()
+
+    with fresh_database("postgresql", tmp_path) as url:
+        migrate.upgrade(Database(url))
+        db = Database(url)
+        try:
+            answers = asyncio.run(scenario(db, url))
+        finally:
+            db.dispose()
+    assert answers == [0, 1, 1, 1, 1]  # the later callers see the run committed before they asked
+    assert statements == ["first", "later 0"]  # and share one statement

@@ -64,8 +64,8 @@ def test_readiness_has_a_connection_of_its_own_while_every_read_connection_waits
         lock.execute(text("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"))  # until the rollback below
         stack.callback(lock.rollback)
         connections = [stack.enter_context(_connection(live)) for _ in range(held)]
-        for connection in connections:
-            _send(connection, "/runs/absent")
+        for index, connection in enumerate(connections):
+            _send(connection, f"/runs/absent{index}")  # each a read of its own: identical reads would share one
         wait_until(lambda: _waiting_on_runs(lock) >= LOOP_READ_CONNECTIONS, timeout=60, message="reads blocked")
         blocked_at = time.monotonic()
         with live.anonymous() as client:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -12,8 +12,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from rlctl.service.db.loop_reads import LoopReads
+from rlctl.service.db.loop_reads import InProcessReads, LoopReads
 from rlctl.service.db.plans import ReadPlan, run_plan_on
+from rlctl.service.db.shared_reads import SharedReads
 from rlctl.service.settings import normalize_database_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -55,6 +56,8 @@ class Database:
         self._reads = sessionmaker(self._read_engine, class_=ReadOnlySession, expire_on_commit=False)
         self._loop_reads: LoopReads | None = None
         self._probe_reads: LoopReads | None = None
+        self._in_process_reads: InProcessReads | None = None
+        self._shared_reads = SharedReads()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -84,14 +87,25 @@ class Database:
         """`plan(*args, **kwargs)`'s result, from an async route, on the event loop: for reads that are an index
         walk or two and a small file at most (a run's record, a page of runs), never a write. A worker thread
         costs such a read more than the read itself: under load each hop waits for the interpreter's lock.
-        - SQLite: the statements run here, in this process (a WAL reader waits on no writer).
+        - SQLite: the statements run here, in this process (a WAL reader waits on no writer), on the connection
+          `open_loop_reads` kept (`rlctl/service/db/loop_reads.py`; a read connection of the pool before that).
         - PostgreSQL: a server can be slow or gone, so its statements are awaited, on the connections
           `open_loop_reads` opened (`rlctl/service/db/loop_reads.py`; the thread pool before that)."""
         if self.in_process:
-            return self.run_plan(plan(*args, **kwargs))
+            if self._in_process_reads is None:
+                return self.run_plan(plan(*args, **kwargs))
+            return self._in_process_reads.run(plan(*args, **kwargs))
         if self._loop_reads is None:
             return await run_in_threadpool(lambda: self.run_plan(plan(*args, **kwargs)))
         return await self._loop_reads.run(lambda: plan(*args, **kwargs))
+
+    async def shared_read(self, key: Hashable, plan: Callable[P, ReadPlan[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """As `loop_read`, for reads that `key` names whole (the same key, the same answer): on PostgreSQL, callers
+        of one key share a run begun after they asked (`rlctl/service/db/shared_reads.py`). The answer is shared,
+        so it must not be changed. SQLite's reads do not wait, so each runs its own."""
+        if self.in_process:
+            return await self.loop_read(plan, *args, **kwargs)
+        return await self._shared_reads.read(key, lambda: self.loop_read(plan, *args, **kwargs))
 
     async def probe_read(self, plan: Callable[[], ReadPlan[T]]) -> T:
         """As `loop_read`, for a probe (`/readyz`): on PostgreSQL on a connection of its own, never queued behind
@@ -101,7 +115,10 @@ class Database:
         return await self._probe_reads.run(plan)
 
     async def open_loop_reads(self) -> None:
-        """On PostgreSQL, the connections of `loop_read` and `probe_read` (they belong to the running loop)."""
+        """The connections of `loop_read` and `probe_read`: on PostgreSQL, they belong to the running loop."""
+        if self.in_process and self._in_process_reads is None:
+            self._in_process_reads = InProcessReads(self._read_engine)
+            self._in_process_reads.open()
         if not self.in_process and self._loop_reads is None:
             self._loop_reads = LoopReads(self.url, self.engine.dialect, LOOP_READ_CONNECTIONS, LOOP_READ_WAIT_S)
             await self._loop_reads.open()
@@ -109,6 +126,9 @@ class Database:
             await self._probe_reads.open()
 
     async def close_loop_reads(self) -> None:
+        if self._in_process_reads is not None:
+            self._in_process_reads.close()
+            self._in_process_reads = None
         for name in ("_loop_reads", "_probe_reads"):
             reads = getattr(self, name)
             if reads is not None:

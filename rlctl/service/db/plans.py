@@ -6,8 +6,10 @@ A plan is a generator that yields each statement (`Read`) and is sent back its r
 
 Only runs' two hottest reads use this (`GET /runs`, `GET /runs/{id}`: rlctl/service/runs/service.py, and
 `admission.queue_positions_plan` for their queued runs; and `/readyz`'s one-row read, so that a probe never
-waits for a worker thread), with `rlctl/service/db/loop_reads.py` and
-`rlctl/service/db/json_sql.py`; every other read is a `Database.read()` session in the thread pool.
+waits for a worker thread), with `rlctl/service/db/loop_reads.py` (the drivers' own connections),
+`rlctl/service/db/shared_reads.py` (identical reads share one), `rlctl/service/db/json_sql.py` (a page's JSON
+written by the database) and `rlctl/service/runs/record_bodies.py` (a record's body kept by its inputs); every other
+read is a `Database.read()` session in the thread pool.
 
 Kept by measurement (issue 36), against those two reads on that ordinary path (`Database.read()` in the thread
 pool, into RunList and RunOut), alternating the two on one shared 2-core machine:
@@ -17,10 +19,10 @@ pool, into RunList and RunOut), alternating the two on one shared 2-core machine
 - `benchmarks/runs.py --reads-only [--training] --seconds 5 --postgres URL`, req/s as a share of /healthz's
   (3 rounds each): the pages (4 connections) 0.27-0.80 here against 0.10-0.36; a record under 200 connections
   0.47-0.89 against 0.24-0.54.
-Delete this, loop_reads.py and json_sql.py (the routes then run service.get_run and service.list_runs in the
-thread pool) when that ordinary path meets issue 18's read goals in `benchmarks/runs.py` on both engines (every
-read >= 0.5 of /healthz's req/s; under 200 connections p99 <= 2x /healthz's and no error), e.g. with a cheaper
-hand-off to a worker thread or a free-threaded interpreter, or when those goals are dropped.
+Delete this and those modules (the routes then run service.get_run and service.list_runs in the thread pool) when
+that ordinary path meets issue 18's read goals in `benchmarks/runs.py` on both engines (every read >= 0.5 of
+/healthz's req/s; under 200 connections p99 <= 2x /healthz's and no error), e.g. with a cheaper hand-off to a
+worker thread or a free-threaded interpreter, or when those goals are dropped.
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ async def list_runs(
 ) -> Response:
     """Newest first, `limit` at a time; with `status=queued`, the queue in the order it starts."""
     # A RunList's JSON, which the database writes (service.list_runs_plan): sent as it is, not validated again.
-    body = await ctx.db.loop_read(service.list_runs_plan, status, environment, limit, cursor, dataset_id)
+    page = (status, environment, limit, cursor, dataset_id)
+    body = await ctx.db.shared_read(("runs", *page), service.list_runs_plan, *page)
     return Response(body, media_type="application/json")
 
 
@@ -109,7 +110,7 @@ async def list_runs(
 async def get_run(ctx: Ctx, run_id: RunId) -> Response:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
     # A RunOut's JSON (service.run_record_body_plan): sent as it is, not validated again.
-    body = await ctx.db.loop_read(service.run_record_body_plan, ctx, run_id)
+    body = await ctx.db.shared_read(("run", run_id), service.run_record_body_plan, ctx, run_id)
     return Response(body, media_type="application/json")
 
 
