@@ -104,10 +104,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from rlctl.service import heap
         from rlctl.service.app import create_app
         from rlctl.service.http import server_config
 
         app = create_app(settings, context=context)
+        heap.settle()
         server = uvicorn.Server(server_config(app, args.host, args.port))
         server.run()
     finally:

@@ -67,6 +67,7 @@ SERVICE_KERNEL = frozenset(
         "context",
         "deps",
         "http",
+        "heap",
         "db",
         "auth",
     }
