@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import Query
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import Integer, Select, and_, bindparam, or_
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
@@ -22,6 +24,7 @@ PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 PageCursor = Annotated[str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")]
 
 RowT = TypeVar("RowT")
+ModelT = TypeVar("ModelT", bound=BaseModel)
 ItemT = TypeVar("ItemT")
 
 
@@ -84,3 +87,40 @@ def newest_first_page(
     rows: list[Any] = list(result.scalars().all() if isinstance(model, type) else result.all())
     page, next_cursor = split_page(rows, limit)
     return [to_record(row) for row in page], next_cursor
+
+
+class QueryModel(Generic[ModelT]):
+    """A route's query parameters as one pydantic model, read by the route itself (`read`) and documented as
+    FastAPI documents declared parameters (`parameters`, for the route's `openapi_extra`).
+
+    For GET /runs alone: FastAPI's reading of five declared parameters was a sixth of that page's CPU (0.034 of
+    0.20 ms, benchmarks/read_cpu.py), and its throughput under 200 connections stayed under half of /healthz's
+    (benchmarks/runs.py). Deleted, the parameters declared again, when FastAPI reads them for less or the goal
+    goes."""
+
+    def __init__(self, model: type[ModelT]) -> None:
+        self.model = model
+
+    def read(self, query: Mapping[str, str]) -> ModelT:
+        """The parameters (each the last of its name, unknown names ignored, as FastAPI reads them); a value that
+        does not fit is the same 422 as FastAPI's, each error located in the query."""
+        try:
+            return self.model.model_validate(dict(query))
+        except ValidationError as invalid:
+            errors = [error | {"loc": ("query", *error["loc"])} for error in invalid.errors(include_url=False)]
+            raise RequestValidationError(errors) from None
+
+    def parameters(self) -> list[dict[str, Any]]:
+        """The OpenAPI parameter objects of the model's fields, as FastAPI writes declared ones."""
+        schema = self.model.model_json_schema(ref_template="#/components/schemas/{model}")
+        required = set(schema.get("required", ()))
+        documented = []
+        for name, field in schema["properties"].items():
+            if field.get("default", 0) is None:
+                field = {key: value for key, value in field.items() if key != "default"}
+            field.setdefault("title", name.replace("_", " ").title())  # pydantic leaves it out beside a $ref
+            parameter = {"name": name, "in": "query", "required": name in required, "schema": field}
+            if "description" in field:
+                parameter["description"] = field["description"]
+            documented.append(parameter)
+        return documented

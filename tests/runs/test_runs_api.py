@@ -112,6 +112,32 @@ def test_listing_filters_and_pages_newest_first(service: Service, database_url: 
         assert client.get("/runs", params={"cursor": "not a cursor"}).status_code == 422
 
 
+@pytest.mark.parametrize("query", ["limit=0", "limit=201", "limit=abc", "cursor=not-a-cursor!", "limit=0&cursor=x"])
+def test_a_bad_page_query_is_refused_as_every_listing_refuses_it(service: Service, query: str) -> None:
+    """GET /runs reads its query itself (rlctl/service/pagination.py, QueryModel): the same 422 as a listing whose
+    query FastAPI reads (GET /jobs), error for error."""
+    with service.client() as client:
+        runs, jobs = client.get(f"/runs?{query}"), client.get(f"/jobs?{query}")
+    assert runs.status_code == jobs.status_code == 422
+    refused, expected = runs.json()["error"], jobs.json()["error"]
+    assert refused.pop("request_id") != expected.pop("request_id")
+    assert refused == expected and refused["code"] == "VALIDATION_ERROR"
+
+
+def test_a_bad_filter_is_refused_with_its_place_and_unknown_parameters_are_ignored(service: Service) -> None:
+    add_runs(service.settings.database_url, make_run("q1"), make_run("q2", minutes_ago=1))
+    with service.client() as client:
+        refused = client.get("/runs?status=bogus&environment=" + "e" * 129)
+        listed = client.get("/runs?limit=5&limit=1&unknown=1")  # the last of a name counts
+    assert refused.status_code == 422
+    errors = refused.json()["error"]["details"]["errors"]
+    assert [(e["location"], e["type"]) for e in errors] == [
+        (["query", "status"], "enum"),
+        (["query", "environment"], "string_too_long"),
+    ]
+    assert listed.status_code == 200 and [run["id"] for run in listed.json()["runs"]] == ["q1"]
+
+
 def test_a_listed_run_reads_exactly_as_its_record(service: Service, database_url: str) -> None:
     """A listing's JSON is written by the database (rlctl/service/db/json_sql.py), a record's by pydantic: each run must
     read the same in both, key for key in the model's order, with the same datetime text."""

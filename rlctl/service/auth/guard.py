@@ -31,6 +31,7 @@ from rlctl.service.settings import Settings
 logger = logging.getLogger("rlctl.auth")
 BEARER = "HTTPBearer"  # the scheme's name in the OpenAPI document
 SCOPE_FIELD = "x-required-scope"  # a protected operation's scope in the OpenAPI document
+ROUTES_KEPT = 4096  # paths whose route the gate keeps (AuthenticationGate._route)
 bearer_scheme = HTTPBearer(auto_error=False, description="RLCTL_API_TOKEN, or a token of the tokens file")
 MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer <token>'"
 
@@ -161,6 +162,7 @@ class AuthenticationGate:
         self.protected = {id(router) for router in protected}  # the routers included behind the token
         self.self_checked = {id(route) for route in self_checked}
         self.in_flight: dict[str, int] = {}  # caller -> body bytes received by its unfinished requests
+        self._found: dict[tuple[int, Any, Any], tuple[BaseRoute | None, bool]] = {}  # `_route`'s, oldest first
 
     async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -223,6 +225,18 @@ class AuthenticationGate:
             raise _over_budget(budget)
 
     def _route(self, scope: ASGIScope) -> tuple[BaseRoute | None, bool]:
+        """`_find_route`'s answer, kept for the last ROUTES_KEPT paths: walking the routes was a tenth of a run's
+        record's CPU (benchmarks/read_cpu.py). The routes are fixed once the app serves; their number is in the key
+        all the same."""
+        key = (len(self.routes), scope.get("method"), scope.get("path"))
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = self._find_route(scope)
+            if len(self._found) > ROUTES_KEPT:
+                self._found.pop(next(iter(self._found)))  # the oldest kept
+        return found
+
+    def _find_route(self, scope: ASGIScope) -> tuple[BaseRoute | None, bool]:
         """The route the router will choose (the first full match, else the first partial one: a wrong method,
         answered 405 after authentication), and whether it is behind the token."""
         partial: tuple[BaseRoute | None, bool] = (None, False)

@@ -14,9 +14,9 @@ from starlette.concurrency import run_in_threadpool
 
 from rlctl.service.auth.guard import OPERATE, READ
 from rlctl.service.context import AppContext
-from rlctl.service.deps import Ctx
+from rlctl.service.deps import Ctx, context_of
 from rlctl.service.names import name_path
-from rlctl.service.pagination import DEFAULT_PAGE, PageCursor, PageLimit
+from rlctl.service.pagination import QueryModel
 from rlctl.service.runs import archive, node, service
 from rlctl.service.runs.manager import RunManager
 from rlctl.service.runs.paths import RunPaths
@@ -31,6 +31,7 @@ from rlctl.service.runs.schemas import (
     RateLimitedBody,
     ResumeRunRequest,
     RunList,
+    RunListQuery,
     RunMetrics,
     RunOut,
     RunPrompts,
@@ -38,7 +39,6 @@ from rlctl.service.runs.schemas import (
     RunStatusOut,
 )
 from rlctl.service.schemas import error_responses, json_error_responses, link, linked, response
-from rlctl.service.states import RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"], responses=error_responses(401, 403))
 # Logs answer text/plain; their errors stay JSON, so they are documented apart from the router's.
@@ -84,19 +84,22 @@ async def create_run(ctx: Ctx, body: CreateRunRequest, response: Response) -> Ru
     return run
 
 
-@router.get("", response_model=RunList, summary="List runs", responses=error_responses(422), openapi_extra=READ)
-async def list_runs(
-    ctx: Ctx,
-    status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
-    environment: Annotated[str | None, Query(max_length=128, description="Only runs of this environment.")] = None,
-    limit: PageLimit = DEFAULT_PAGE,
-    cursor: PageCursor = None,
-    dataset_id: Annotated[str | None, Query(max_length=128, description="Only runs trained on this dataset.")] = None,
-) -> Response:
+RUN_LIST_QUERY = QueryModel(RunListQuery)
+
+
+@router.get(
+    "",
+    response_model=RunList,
+    summary="List runs",
+    responses=error_responses(422),
+    openapi_extra=READ | {"parameters": RUN_LIST_QUERY.parameters()},
+)
+async def list_runs(request: Request) -> Response:
     """Newest first, `limit` at a time; with `status=queued`, the queue in the order it starts."""
+    query = RUN_LIST_QUERY.read(request.query_params)
+    page = (query.status, query.environment, query.limit, query.cursor, query.dataset_id)
     # A RunList's JSON, which the database writes (service.list_runs_plan): sent as it is, not validated again.
-    page = (status, environment, limit, cursor, dataset_id)
-    body = await ctx.db.shared_read(("runs", *page), service.list_runs_plan, *page)
+    body = await context_of(request).db.shared_read(("runs", *page), service.list_runs_plan, *page)
     return Response(body, media_type="application/json")
 
 
@@ -107,9 +110,10 @@ async def list_runs(
     responses=error_responses(404, 422),
     openapi_extra=READ,
 )
-async def get_run(ctx: Ctx, run_id: RunId) -> Response:
+async def get_run(request: Request, run_id: RunId) -> Response:
     """The stored record: never rate-limited (the live check is GET /runs/{id}/status)."""
     # A RunOut's JSON (service.run_record_body_plan): sent as it is, not validated again.
+    ctx = context_of(request)
     body = await ctx.db.shared_read(("run", run_id), service.run_record_body_plan, ctx, run_id)
     return Response(body, media_type="application/json")
 

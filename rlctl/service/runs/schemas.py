@@ -9,6 +9,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlctl.service.names import NAME_PATTERN
+from rlctl.service.pagination import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
 from rlctl.service.rewards.schemas import JudgeChoice, RewardSpec
 from rlctl.service.schemas import ErrorBody, ServerJson, ServerJsonList, ServerPath, ServerPaths, ServerText
 from rlctl.service.settings import Backend
@@ -260,6 +261,16 @@ class RunOut(RunSummary):
     updated_at: datetime
     logs: ServerPaths
     processes: list[ProcessOut]
+
+
+class RunListQuery(BaseModel):
+    """GET /runs' query (read by the route itself: rlctl/service/pagination.py, QueryModel)."""
+
+    status: RunStatus | None = Field(None, description="Only runs in this state.")
+    environment: str | None = Field(None, max_length=128, description="Only runs of this environment.")
+    limit: int = Field(DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+    cursor: str | None = Field(None, pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")
+    dataset_id: str | None = Field(None, max_length=128, description="Only runs trained on this dataset.")
 
 
 class RunList(BaseModel):
