@@ -19,6 +19,10 @@ pool, into RunList and RunOut), alternating the two on one shared 2-core machine
 - `benchmarks/runs.py --reads-only [--training] --seconds 5 --postgres URL`, req/s as a share of /healthz's
   (3 rounds each): the pages (4 connections) 0.27-0.80 here against 0.10-0.36; a record under 200 connections
   0.47-0.89 against 0.24-0.54.
+- Again with issue 40's cuts (the gate's declarations, the collector, rlctl/service/heap.py, which the ordinary
+  path shares), `benchmarks/runs.py --reads-only --training --postgres URL`, 200 connections, with a run training:
+  GET /runs/{id} 0.56 here against 0.14 (SQLite), 0.72-0.74 against 0.10 (PostgreSQL); `?limit=20` 0.57 against
+  0.10 (SQLite): the ordinary path, a worker thread per read, meets neither issue 40's goals.
 Delete this and those modules (the routes then run service.get_run and service.list_runs in the thread pool) when
 that ordinary path meets issue 18's read goals in `benchmarks/runs.py` on both engines (every read >= 0.5 of
 /healthz's req/s; under 200 connections p99 <= 2x /healthz's and no error), e.g. with a cheaper hand-off to a
