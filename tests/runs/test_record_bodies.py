@@ -63,7 +63,7 @@ def test_each_change_of_what_a_record_is_made_of_shows_at_the_next_read(service:
     assert body == record
 
 
-def test_a_record_is_read_the_same_after_a_change_in_the_same_instant(service: Service, database_url: str) -> None:
+def test_a_record_reads_anew_after_a_change_within_the_same_instant(service: Service, database_url: str) -> None:
     """Nothing of a record is keyed by its time of change: a row changed twice within one timestamp reads anew."""
     moment = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
     add_runs(database_url, make_run("r2", status="running"))

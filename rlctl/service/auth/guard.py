@@ -82,8 +82,9 @@ def remember(scope: ASGIScope, principal: Principal) -> None:
     caller_scopes_var.set(frozenset(scope.value for scope in principal.scopes))
 
 
-def current_principal(request: Request) -> Principal:
-    """The caller the gate identified (a route behind the token only)."""
+async def current_principal(request: Request) -> Principal:
+    """The caller the gate identified (a route behind the token only). async: FastAPI runs a plain `def`
+    dependency in a worker thread."""
     principal: Principal = request.state.principal
     return principal
 

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import Dialect, Engine, Executable, PoolProxiedConnection, Select
 from sqlalchemy.engine import make_url
 
-from rlctl.service.db.plans import ReadPlan
+from rlctl.service.db.plans import Read, ReadPlan, run_plan_with
 from rlctl.service.errors import InvalidValue, Unavailable
 
 T = TypeVar("T")
@@ -190,15 +190,14 @@ class InProcessReads:
         with self._lock:
             cursor = self._connection.cursor()
             try:
-                read = next(plan)
-                while True:
-                    compiled = self._statements.get(read.statement)
-                    cursor.execute(compiled.sql, compiled.parameters(read.parameters))
-                    read = plan.send(compiled.rows(cursor.fetchall()))
-            except StopIteration as done:
-                return cast(T, done.value)
+                return run_plan_with(plan, lambda read: self._rows(cursor, read))
             finally:
                 cursor.close()
+
+    def _rows(self, cursor: Any, read: Read) -> list[Any]:
+        compiled = self._statements.get(read.statement)
+        cursor.execute(compiled.sql, compiled.parameters(read.parameters))
+        return compiled.rows(cursor.fetchall())
 
 
 def _result_processor(type_: Any, dialect: Dialect) -> Callable[[Any], Any] | None:

@@ -31,7 +31,7 @@ worker thread or a free-threaded interpreter, or when those goals are dropped.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -56,9 +56,14 @@ ReadPlan = Generator[Read, Sequence[Row[Any]], T]
 
 def run_plan_on(connection: Connection | Session, plan: ReadPlan[T]) -> T:
     """A read plan's result, its statements run on `connection` (a session's, inside its unit of work)."""
+    return run_plan_with(plan, lambda read: connection.execute(read.statement, read.parameters).all())
+
+
+def run_plan_with(plan: ReadPlan[T], rows_of: Callable[[Read], Sequence[Any]]) -> T:
+    """A read plan's result, each of its statements' rows from `rows_of` (a connection's, or a driver's own)."""
     try:
         read = next(plan)
         while True:
-            read = plan.send(connection.execute(read.statement, read.parameters).all())
+            read = plan.send(rows_of(read))
     except StopIteration as done:
         return cast(T, done.value)

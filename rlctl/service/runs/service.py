@@ -115,7 +115,7 @@ _PROCESSES_JSON = (
     .where(PROCESS_COLUMNS.run_id == RUN_COLUMNS.id)
     .scalar_subquery()
 )
-# Its JSON columns come as their text (decoded by `_decoded`): a row is then plain values, which the route's
+# Its JSON columns come as their text (decoded by `_record_of`): a row is then plain values, which the route's
 # bodies are kept by (record_bodies.py).
 _JSON_COLUMNS = tuple(column.key for column in RUN_COLUMNS if isinstance(column.type, JSON))
 _RUN_RECORD = select(
