@@ -4,11 +4,13 @@
 little; it is what showed issue 40's seconds-long tail. Without it, a generator of this file stands in: the
 connections spread over a few processes (one Python process cannot saturate the service and hides the tail),
 each speaking just enough HTTP/1.1 over asyncio streams (a general-purpose client like httpx costs several times
-the CPU of the service's cheapest route and would measure itself instead).
+the CPU of the service's cheapest route and would measure itself instead). Probes come at a pace instead
+(`run_paced`), as an orchestrator sends them.
 
-    from benchmarks.load import run_load, run_beside
+    from benchmarks.load import run_load, run_beside, run_paced
     result = run_load("http://127.0.0.1:8080", ["/healthz"], connections=64, seconds=5)
-    probes, reads = run_beside(base_url, ["/healthz"], ["/runs/abc"], probe_connections=4, connections=200, seconds=5)
+    idle = run_paced("http://127.0.0.1:8081", ["/healthz"], per_second=200, seconds=5)
+    probes, reads = run_beside(base_url, ["/runs/abc"], 200, 5, lambda: run_paced(probe_url, ["/healthz"], 200, 5))
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import multiprocessing
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 MAX_SECONDS = 20.0  # the machine is shared: no load run may last longer
@@ -69,6 +74,16 @@ class LoadResult:
         ordered = sorted(self.latencies_s)
         return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
+    @classmethod
+    def pooled(cls, parts: list[LoadResult], tool: str) -> LoadResult:
+        """One result of loads of single latencies, run one after the other (`seconds` adds up) or at once."""
+        result = cls(seconds=sum(part.seconds for part in parts), tool=tool)
+        for part in parts:
+            result.latencies_s.extend(part.latencies_s)
+            result.errors += part.errors
+        result.requests = len(result.latencies_s)
+        return result
+
     @property
     def median_s(self) -> float:
         return self.percentile_s(0.5)
@@ -94,30 +109,22 @@ def run_load(base_url: str, paths: list[str], connections: int, seconds: float) 
 
 
 def run_beside(
-    base_url: str,
-    probe_paths: list[str],
-    read_paths: list[str],
-    probe_connections: int,
-    connections: int,
-    seconds: float,
-    probe_url: str | None = None,
+    base_url: str, read_paths: list[str], connections: int, seconds: float, probes: Callable[[], LoadResult]
 ) -> tuple[LoadResult, LoadResult]:
-    """Two loads at once: probes (a few connections, as an orchestrator polls; at `probe_url`, else `base_url`)
-    beside reads; their results."""
+    """Two loads at once: `probes()` (`run_paced`, or `run_load` of a few connections) beside reads of
+    `read_paths` on `connections` connections for `seconds`; their results."""
     results: dict[str, LoadResult] = {}
 
-    def load(name: str, url: str, paths: list[str], width: int) -> None:
-        results[name] = run_load(url, paths, width, seconds)
+    def reads() -> None:
+        results["reads"] = run_load(base_url, read_paths, connections, seconds)
 
-    threads = [
-        threading.Thread(target=load, args=("probes", probe_url or base_url, probe_paths, probe_connections)),
-        threading.Thread(target=load, args=("reads", base_url, read_paths, connections)),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
+    thread = threading.Thread(target=reads)
+    thread.start()
+    try:
+        probed = probes()
+    finally:
         thread.join()
-    return results["probes"], results["reads"]
+    return probed, results["reads"]
 
 
 def _wrk(base_url: str, paths: list[str], connections: int, seconds: float) -> LoadResult:
@@ -144,11 +151,8 @@ def _processes(base_url: str, paths: list[str], connections: int, seconds: float
     shares = [connections // processes + (index < connections % processes) for index in range(processes)]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
         parts = pool.starmap(_process_load, [(base_url, paths, share, seconds) for share in shares])
-    result = LoadResult(seconds=max(part.seconds for part in parts), tool=f"python x{processes}")
-    for part in parts:
-        result.latencies_s.extend(part.latencies_s)
-        result.errors += part.errors
-    result.requests = len(result.latencies_s)
+    result = LoadResult.pooled(parts, tool=f"python x{processes}")
+    result.seconds = max(part.seconds for part in parts)  # they ran at once
     return result
 
 
@@ -216,3 +220,49 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
         raise ValueError("a response without Content-Length")
     await reader.readexactly(int(headers["content-length"]))
     return status, headers.get("connection", "").lower() != "close"
+
+
+def run_paced(base_url: str, paths: list[str], per_second: float, seconds: float) -> LoadResult:
+    """GET `paths` in turn, `per_second` of them on one keep-alive connection for `seconds` (at most MAX_SECONDS),
+    the way an orchestrator probes: at a pace, not as fast as answers come back, so each latency is an answer's
+    and not a queue's that the load generator made (a closed loop of a few connections keeps a cheap server
+    saturated, and compares two saturated states). A request answered after the next one was due holds that one
+    up, whose latency counts from when it was due (no coordinated omission); a server slower than the pace
+    gets fewer requests, not a longer run. In a process of its own, with a blocking socket and `time.sleep`
+    (asyncio's timers round up to the millisecond, more than an answer takes)."""
+    seconds = min(seconds, MAX_SECONDS)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        return pool.apply(_paced, (base_url, paths, per_second, seconds))
+
+
+def _paced(base_url: str, paths: list[str], per_second: float, seconds: float) -> LoadResult:
+    parts = urlsplit(base_url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    requests = [f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode() for path in paths]
+    result = LoadResult(seconds=seconds, tool=f"paced, {per_second:g}/s")
+    with socket.create_connection((host, port)) as connection:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        answers = connection.makefile("rb")
+        started = time.monotonic()
+        for turn in range(int(seconds * per_second)):
+            due = started + turn / per_second
+            if time.monotonic() > started + seconds:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+            connection.sendall(requests[turn % len(requests)])
+            result.errors += not 200 <= _read_answer(answers) < 300
+            result.latencies_s.append(time.monotonic() - due)
+    result.requests = len(result.latencies_s)
+    return result
+
+
+def _read_answer(answers: BinaryIO) -> int:
+    """The status of the next answer; its body is read and dropped."""
+    status = int(answers.readline().split(b" ", 2)[1])
+    length = 0
+    while (line := answers.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    answers.read(length)
+    return status

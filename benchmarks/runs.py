@@ -13,9 +13,12 @@ Prints, on SQLite and (when given, or RLCTL_TEST_POSTGRES_URL is set) PostgreSQL
   goal: every read >= 0.5 of /healthz's requests per second; the concurrent ones also p99 <= 2x /healthz's and
   no error. The first three use 4 connections; the last two `--connections` (200) at once. With --training, one
   offline run trains while the reads run (and GET /runs/{id} reads that run's record).
-- probes beside reads (issue 40, "liveness never starves"): /healthz and /readyz on 4 connections alone, then
-  beside `--connections` connections of GET /runs/{id}: their p99 beside the reads as a multiple of their idle p99
-  (goal <= 2x), on the API's port and then on the probe listener's (`RLCTL_PROBE_PORT`: a thread of its own).
+- probes beside reads (issue 40, "liveness never starves"): /healthz and /readyz paced at 200 a second (as an
+  orchestrator probes, not as fast as answers come), alone and then beside `--connections` connections of reads
+  (GET /runs/{id}, ?limit=20 and a filtered page of 50, in turn), three rounds of each in turn: their pooled p99
+  beside the reads as a multiple of their pooled idle p99 (goal <= 2x), on the API's port and then on the probe
+  listener's (`RLCTL_PROBE_PORT`: a process of its own); then the listener under a flood of probes (4
+  connections, closed loop) beside the reads, for its capacity.
 With --servers, the reads under `--connections` and the probes beside them are measured for three ways of serving
 the same app, one after the other on the same database: uvloop with uvicorn's httptools protocol (the service
 before issue 40), asyncio's loop with that protocol, and asyncio's loop with `ProbesFirstProtocol` (the service's
@@ -37,6 +40,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -46,7 +50,7 @@ from sqlalchemy.engine import make_url
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.load import LoadResult, has_wrk, run_beside, run_load  # noqa: E402
+from benchmarks.load import LoadResult, has_wrk, run_beside, run_load, run_paced  # noqa: E402
 from rlctl.service.db import migrate  # noqa: E402
 from rlctl.service.db.engine import Database  # noqa: E402
 from rlctl.service.db.models import Run  # noqa: E402
@@ -57,7 +61,12 @@ REFERENCE_STARTUP_S = 135.0
 GOAL_THROUGHPUT = 0.5  # issue 18: each read >= 0.5 of /healthz's requests per second under the same load
 GOAL_TAIL = 2.0  # and, under the concurrent load, p99 <= 2x /healthz's, with no error
 GOAL_PROBES = 2.0  # issue 40: probes beside any reads answer within 2x their idle p99
-PROBE_CONNECTIONS = 4
+PROBES = ["/healthz", "/readyz"]
+# Probes come paced, as an orchestrator's do (one every few seconds): 200 a second give 1,000 latencies a round.
+PROBES_PER_S = 200
+# Idle and beside the reads alternate, pooled: the training run's phases moved the idle p99 between 1 and 6 ms.
+PROBE_ROUNDS = 3
+FLOOD_CONNECTIONS = 4
 # --servers: name -> server_config overrides (`rlctl serve` as it is, with these settings changed)
 SERVERS = {
     "uvloop + httptools (before)": {"loop": "uvloop", "http": "httptools"},
@@ -206,24 +215,50 @@ def _a_run_id(base_url: str) -> str:
 
 
 def _probes(base_url: str, seconds: float, connections: int) -> None:
-    """/healthz and /readyz alone, then beside `connections` connections of GET /runs/{id}: on the API's port, then
-    on the probe listener's (`RLCTL_PROBE_PORT`, docs/ARCHITECTURE.md#probes)."""
+    """/healthz and /readyz paced at PROBES_PER_S, alone and then beside `connections` connections of reads (GET
+    /runs/{id}, GET /runs?limit=20 and a filtered page, in turn), PROBE_ROUNDS rounds of each in turn, pooled: on
+    the API's port, then on the probe listener's (`RLCTL_PROBE_PORT`, docs/ARCHITECTURE.md#probes). Then the
+    listener under a flood of probes beside the same reads, for its capacity and what a flood costs the reads: no
+    goal there (a closed loop of a few connections keeps the listener saturated, idle or not, and the ratio of
+    its p99s moved between 1.2x and 6x from run to run)."""
+    reads = [f"/runs/{_a_run_id(base_url)}", "/runs?limit=20", "/runs?limit=50&status=failed"]  # a mix, in turn
     for where, probe_url in (("API port", base_url), ("probe listener", _probe_url(base_url))):
-        probes = ["/healthz", "/readyz"]
-        idle = run_load(probe_url, probes, PROBE_CONNECTIONS, seconds)
-        busy, reads = run_beside(
-            base_url, probes, [f"/runs/{_a_run_id(base_url)}"], PROBE_CONNECTIONS, connections, seconds, probe_url
-        )
+        idle_rounds: list[LoadResult] = []
+        busy_rounds: list[LoadResult] = []
+        read_rounds: list[LoadResult] = []
+        for _ in range(PROBE_ROUNDS):
+            idle_rounds.append(run_paced(probe_url, PROBES, PROBES_PER_S, seconds))
+            busy, beside = run_beside(
+                base_url, reads, connections, seconds, partial(run_paced, probe_url, PROBES, PROBES_PER_S, seconds)
+            )
+            busy_rounds.append(busy)
+            read_rounds.append(beside)
+        paced = f"paced, {PROBES_PER_S}/s, {PROBE_ROUNDS} rounds"
+        idle, busy = LoadResult.pooled(idle_rounds, paced), LoadResult.pooled(busy_rounds, paced)
         # No probe answered during the run is starvation, not a good ratio.
         tail = busy.percentile_s(0.99) / idle.percentile_s(0.99) if busy.requests else float("inf")
         met = tail <= GOAL_PROBES and busy.errors == 0
-        print(f"{f'probes ({where}), idle':<30} {PROBE_CONNECTIONS:>3} conn  {idle.describe()}")
-        print(f"{'probes beside reads':<30} {PROBE_CONNECTIONS:>3} conn  {busy.describe()}")
-        print(f"{'  the reads beside them':<30} {connections:>3} conn  {reads.describe()}")
+        rounds = ", ".join(
+            f"{b.percentile_s(0.99) / i.percentile_s(0.99):.2f}x" for i, b in zip(idle_rounds, busy_rounds, strict=True)
+        )
+        print(f"{f'probes ({where}), idle':<30}   1 conn  {idle.describe()}")
+        print(f"{'probes beside reads':<30}   1 conn  {busy.describe()}")
+        reads_beside = ", ".join(
+            f"{part.requests_per_s:.0f} req/s p99 {part.percentile_s(0.99) * 1e3:.0f} ms" for part in read_rounds
+        )
+        print(f"{'  the reads beside them':<30} {connections:>3} conn  {reads_beside}")
         print(
-            f"{'  ratio':<30}           probes' p99 {tail:.2f}x idle   "
+            f"{'  ratio':<30}           probes' p99 {tail:.2f}x idle (rounds {rounds})   "
             f"goal (<= {GOAL_PROBES}x, 0 errors): {'met' if met else 'NOT met'}"
         )
+    listener = _probe_url(base_url)
+    flood_idle = run_load(listener, PROBES, FLOOD_CONNECTIONS, seconds)
+    flood, beside = run_beside(
+        base_url, reads, connections, seconds, partial(run_load, listener, PROBES, FLOOD_CONNECTIONS, seconds)
+    )
+    print(f"{'a flood of probes (listener)':<30} {FLOOD_CONNECTIONS:>3} conn  {flood_idle.describe()}")
+    print(f"{'  beside reads':<30} {FLOOD_CONNECTIONS:>3} conn  {flood.describe()}")
+    print(f"{'  the reads beside it':<30} {connections:>3} conn  {beside.describe()}")
 
 
 _PROBE_PORTS: dict[str, int] = {}  # the probe listener's port of each service this benchmark started
