@@ -30,7 +30,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     RLCTL_DATA_DIR=/data \
-    RLCTL_LOG_FORMAT=json
+    RLCTL_LOG_FORMAT=json \
+    RLCTL_PROBE_PORT=8081
 # bubblewrap: the sandbox of the collections' terminal tool (docs/SECURITY.md); util-linux (prlimit, setpriv,
 # unshare) is part of every Debian image. The sandbox needs user namespaces, which Docker's default seccomp
 # profile refuses: without them `terminal` is refused (409 SANDBOX_UNAVAILABLE), never run unsandboxed.
@@ -48,8 +49,10 @@ USER rlctl
 # The database (SQLite by default), runs, logs and local models.
 VOLUME ["/data"]
 EXPOSE 8080
-# Healthy when ready: the database answers and its schema is current (python: slim has no curl).
+# Healthy when ready: the database answers, its schema is current and the event loop turns (python: slim has no
+# curl). Asked of the probe listener (RLCTL_PROBE_PORT, on loopback): on the API's port a check waits behind every
+# request in flight, seconds under a burst of reads (docs/ARCHITECTURE.md#probes).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=4)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/readyz', timeout=4)"]
 # Migrations, then the service; `exec` makes it PID 1's process, so `docker stop` reaches it.
 CMD ["sh", "-c", "rlctl db upgrade && exec rlctl serve --host 0.0.0.0 --port 8080"]

@@ -44,19 +44,27 @@ def test_the_probe_listener_answers_as_the_api_does_and_fails_liveness_while_the
             stall = max(scaled(6.0), 4 * STALL_S)
             loop = ReadinessMonitor.of(context)._task.get_loop()  # the service's event loop
             loop.call_soon_threadsafe(time.sleep, stall)
-            stalled = wait_until(
-                lambda: (answer := probes.get("/healthz")).status_code == 503 and answer,
-                timeout=stall,
-                message="the probe listener reports the stalled event loop",
+
+            # neither live nor ready: the readiness it holds is as old as the loop's last turn
+            def both_stalled() -> list[httpx.Response] | None:
+                found = [probes.get("/healthz"), probes.get("/readyz")]
+                return found if all(answer.status_code == 503 for answer in found) else None
+
+            answers = wait_until(
+                both_stalled, timeout=stall, message="the probe listener reports the stalled event loop on both probes"
             )
-            assert stalled.json()["error"] == {
-                "code": "UNAVAILABLE",
-                "message": "event loop stalled",
-                "details": {"seconds_since_tick": stalled.json()["error"]["details"]["seconds_since_tick"]},
-            }
-            assert stalled.json()["error"]["details"]["seconds_since_tick"] >= STALL_S
-            # once the loop runs again, it is live again
-            wait_until(lambda: probes.get("/healthz").status_code == 200, timeout=stall + scaled(30))
+            for stalled in answers:
+                assert stalled.json()["error"] == {
+                    "code": "UNAVAILABLE",
+                    "message": "event loop stalled",
+                    "details": {"seconds_since_tick": stalled.json()["error"]["details"]["seconds_since_tick"]},
+                }
+                assert stalled.json()["error"]["details"]["seconds_since_tick"] >= STALL_S
+            # once the loop runs again, it is live and ready again
+            wait_until(
+                lambda: probes.get("/healthz").status_code == probes.get("/readyz").status_code == 200,
+                timeout=stall + scaled(30),
+            )
     # the listener ends with the service: its process is gone and its port closed
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     with socket.socket() as probe:

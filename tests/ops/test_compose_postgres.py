@@ -9,7 +9,8 @@ the Dockerfile's health check must pass against it. Substituted, because there i
 - RLCTL_DATA_DIR `/data` (the volume) → a temporary directory;
 - PATH: the image's `/opt/venv/bin` → this interpreter's bin directory, `$PATH` → the python image's default;
 - HOME and the working directory (`/app`) → temporary directories (a developer's .env must not leak in);
-- the listening port 8080 (in the command and the health check's URL) → a free port.
+- the listening port 8080 (in the command) and the probe listener's 8081 (RLCTL_PROBE_PORT and the health
+  check's URL) → free ports.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sqlalchemy.engine import URL, make_url
 
 from rlctl.service.db import migrate
 from rlctl.service.settings import normalize_database_url
+from rlctl.supervisor.ports import free_ports
 from tests.ops.deployfiles import (
     REPO_ROOT,
     container_environment,
@@ -41,7 +43,6 @@ from tests.ops.deployfiles import (
     read_env_file,
 )
 from tests.support.databases import POSTGRES_URL_VARIABLE
-from tests.support.live import free_port
 from tests.support.tiny_model import seed_tiny_model
 from tests.support.waiting import REQUEST_TIMEOUT, wait_until
 
@@ -105,10 +106,10 @@ def compose_environment(tmp_path: Path, database: ComposeDatabase, token: str) -
     return env
 
 
-def on_port(command: list[str], port: int) -> list[str]:
-    replaced = [part.replace(f"--port {COMPOSE_PORT}", f"--port {port}") for part in command]
-    replaced = [part.replace(f":{COMPOSE_PORT}/", f":{port}/") for part in replaced]
-    assert replaced != command, f"port {COMPOSE_PORT} not found in {command}"
+def on_port(command: list[str], port: int, image_port: int = COMPOSE_PORT) -> list[str]:
+    replaced = [part.replace(f"--port {image_port}", f"--port {port}") for part in command]
+    replaced = [part.replace(f":{image_port}/", f":{port}/") for part in replaced]
+    assert replaced != command, f"port {image_port} not found in {command}"
     return replaced
 
 
@@ -116,9 +117,12 @@ def test_the_service_runs_with_the_compose_environment(tmp_path: Path, compose_d
     token = secrets.token_urlsafe(24)
     env = compose_environment(tmp_path, compose_database, token)
     compose = load_compose(REPO_ROOT / "docker-compose.yml")
-    port = free_port()
+    port, probe_port = free_ports(2)
     command = on_port(compose["services"]["rlctl"]["command"], port)
-    health = on_port(healthcheck_command(read_dockerfile(REPO_ROOT / "Dockerfile").final.last("HEALTHCHECK")), port)  # type: ignore[arg-type]
+    image_probe_port = int(env["RLCTL_PROBE_PORT"])  # the image's probe listener, which its health check asks
+    env["RLCTL_PROBE_PORT"] = str(probe_port)
+    health_check = read_dockerfile(REPO_ROOT / "Dockerfile").final.last("HEALTHCHECK")
+    health = on_port(healthcheck_command(health_check), probe_port, image_probe_port)  # type: ignore[arg-type]
     workdir = tmp_path / "app"
     workdir.mkdir()
     (tmp_path / "home").mkdir()

@@ -106,8 +106,12 @@ def test_dockerfile_volume_health_check_and_command_agree() -> None:
         assert name.startswith("RLCTL_") and name in setting_variables() or name in FOREIGN_VARIABLES, name
     port = check_start_command(runtime.last("CMD").exec_form())  # type: ignore[union-attr,arg-type]
     assert runtime.last("EXPOSE").arguments == str(port)  # type: ignore[union-attr]
+    # the health check asks the image's probe listener, on loopback (its default host): it does not queue behind
+    # the API's requests
     health = healthcheck_command(runtime.last("HEALTHCHECK"))  # type: ignore[arg-type]
-    assert health[0] == "python" and f"http://127.0.0.1:{port}/readyz" in health[-1]
+    probe_port = int(env["RLCTL_PROBE_PORT"])
+    assert probe_port != port and "RLCTL_PROBE_HOST" not in env
+    assert health[0] == "python" and f"http://127.0.0.1:{probe_port}/readyz" in health[-1]
     assert "--start-period" in runtime.last("HEALTHCHECK").arguments  # type: ignore[union-attr]
 
 

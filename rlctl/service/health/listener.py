@@ -8,8 +8,8 @@ idle p99 (`benchmarks/runs.py --reads-only --training`, docs/ARCHITECTURE.md#pro
 
 Answering elsewhere must not hide a loop that no longer runs: every `STATE_INTERVAL_S` a task on the event loop
 writes the state file the process answers from: the time of this turn of the loop and the readiness monitor's
-newest result (`/readyz`'s status and body, as on the API's port). The process's `/healthz` is 503 `event loop
-stalled` once that time is older than `RLCTL_PROBE_STALL_S`.
+newest result (`/readyz`'s status and body, as on the API's port). The process's `/healthz` and `/readyz` are
+503 `event loop stalled` once that time is older than `RLCTL_PROBE_STALL_S`.
 """
 
 from __future__ import annotations

@@ -28,15 +28,15 @@ def answer(state_path: Path, path: str, stall_s: float) -> tuple[int, dict[str, 
         state = json.loads(state_path.read_text())
     except (OSError, ValueError):  # not written yet (the service is starting), or mid-replace on a slow disk
         return 503, _error("UNAVAILABLE", "starting", {})
+    if path not in ("/healthz", "/readyz"):
+        return 404, _error("NOT_FOUND", "the probe listener answers /healthz and /readyz", {"path": path})
+    since = time.monotonic() - float(state["ticked_at"])
+    if since > stall_s:  # neither live nor ready: the readiness it holds is as old as the loop's last turn
+        return 503, _error(state["unavailable"], "event loop stalled", {"seconds_since_tick": round(since, 1)})
     if path == "/healthz":
-        since = time.monotonic() - float(state["ticked_at"])
-        if since > stall_s:
-            return 503, _error(state["unavailable"], "event loop stalled", {"seconds_since_tick": round(since, 1)})
         return 200, {"status": "ok"}
-    if path == "/readyz":
-        status, body = state["ready"]
-        return int(status), body
-    return 404, _error("NOT_FOUND", "the probe listener answers /healthz and /readyz", {"path": path})
+    status, body = state["ready"]
+    return int(status), body
 
 
 def _error(code: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
