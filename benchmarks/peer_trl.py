@@ -2,7 +2,7 @@
 
     .venv/bin/pip install -e '.[bench]'      # TRL, pinned; not part of `make test`
     .venv/bin/python benchmarks/peer_trl.py [--steps 60] [--repeats 1] [--only rlctl|trl] [--samplers]
-        [--trl-threads 1,2]
+        [--trl-threads 1,2] [--against REV]
 
 Both train the project's tiny model (built locally, nothing downloaded) on the echo task: groups of 8
 completions of at most 8 tokens, 4 groups (32 completions) per step, learning rate 1e-2, Adam β2 0.95, the echo
@@ -24,6 +24,10 @@ number rlctl uses in all, i.e. the cores, up to 2), so that it has the same budg
 one thread often beats two (issue 40: 8.7-10.2 steps/s at 1 against 0.9-2.4 at 2 beside neighbours).
 With `--samplers`, rlctl runs twice per repeat, with `tinker.sampler: thread` (sampling on a thread of the trainer
 process, the trainer before issue 40) and `process` (its own process), and their ratio is printed.
+With `--against REV` (e.g. `badaac7`, the code when issue 40 was filed), each repeat also runs the pipeline as
+that revision builds it (its own benchmark, in a git worktree, every process importing its rlctl), and each
+sampler's ratio to it is printed: a goal's "x today's" measured on the same machine in the same run, not
+against a figure of another day (this machine measured 16-17 steps/s at the filing and 15 on a later day).
 
 Printed per system and repeat: steps per second over the training steps (from the end of the first step to the
 end of the last, so start-up is left out), the wall time end to end, and the mean reward of the first and last
@@ -37,10 +41,14 @@ import importlib.util
 import multiprocessing
 import os
 import random
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,6 +218,9 @@ def main() -> None:
     parser.add_argument("--samplers", action="store_true", help="rlctl with each sampler: thread, then process")
     default_threads = f"1,{min(2, os.cpu_count() or 1)}" if (os.cpu_count() or 1) > 1 else "1"
     parser.add_argument("--trl-threads", default=default_threads, help="TRL's torch thread counts, comma-separated")
+    parser.add_argument(
+        "--against", metavar="REV", help="also rlctl at this git revision, each repeat (e.g. a goal's baseline)"
+    )
     args = parser.parse_args()
     samplers = ["thread", "process"] if args.samplers else ["thread"]
     trl_threads = [int(value) for value in args.trl_threads.split(",")]
@@ -218,14 +229,17 @@ def main() -> None:
         args.only = "rlctl"
     print(f"load average at start: {os.getloadavg()}", flush=True)
     outcomes: dict[str, list[Outcome]] = {}
-    with tempfile.TemporaryDirectory(prefix="rlctl-peer-trl-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="rlctl-peer-trl-") as scratch, _checkout(args.against) as baseline:
         workdir = Path(scratch)
         model_dir = init_tiny_model(workdir / "var" / "models" / "tiny-qwen3", seed=0)
         for repeat in range(args.repeats):
             runs: list[Outcome] = []
+            if baseline is not None:
+                runs.append(run_revision(baseline, args.against, args.steps))
+                print(runs[-1].line(), flush=True)
             if args.only != "trl":
                 runs += [run_rlctl(workdir, model_dir, args.steps, repeat, sampler) for sampler in samplers]
-                for outcome in runs:
+                for outcome in runs[-len(samplers) :]:
                     print(outcome.line(), flush=True)
             if args.only != "rlctl":
                 for threads in trl_threads:
@@ -241,10 +255,51 @@ def main() -> None:
     print("median steps/s: " + ", ".join(f"{system} {value:.2f}" for system, value in medians.items()))
     if "rlctl (thread)" in medians and "rlctl (process)" in medians:
         print(f"process sampler / thread sampler: {medians['rlctl (process)'] / medians['rlctl (thread)']:.2f}x")
-    ours = [value for system, value in medians.items() if system.startswith("rlctl")]
+    if args.against is not None:
+        base = f"rlctl at {args.against}"
+        for system in (f"rlctl ({sampler})" for sampler in samplers if args.only != "trl"):
+            print(f"{system} / {base}: {medians[system] / medians[base]:.2f}x")
+    ours = [value for system, value in medians.items() if system.startswith("rlctl (")]
     for system, value in medians.items():
         if system.startswith("TRL"):
             print(f"rlctl (best) / {system}: {max(ours) / value:.2f}" if ours else "")
+
+
+@contextmanager
+def _checkout(revision: str | None) -> Iterator[Path | None]:
+    """A detached git worktree of `revision` (removed at the end), or None."""
+    if revision is None:
+        yield None
+        return
+    repository = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="rlctl-peer-trl-rev-") as scratch:
+        path = Path(scratch) / "checkout"
+        subprocess.run(["git", "-C", str(repository), "worktree", "add", "--detach", str(path), revision], check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", str(path)], check=False)
+
+
+def run_revision(checkout: Path, revision: str, steps: int) -> Outcome:
+    """rlctl's pipeline as `checkout` (a revision's worktree) builds and measures it: its own peer_trl.py, run by
+    this interpreter (the same packages), every process of it importing that checkout's rlctl. Its default
+    sampler, and its own seed 0."""
+    environment = {**os.environ, "PYTHONPATH": str(checkout)}
+    command = [sys.executable, "benchmarks/peer_trl.py", "--only", "rlctl", "--repeats", "1", "--steps", str(steps)]
+    started = time.monotonic()
+    output = subprocess.run(
+        command, cwd=checkout, env=environment, capture_output=True, text=True, timeout=1800, check=True
+    ).stdout
+    found = _RESULT_LINE.search(output)
+    if found is None:
+        raise SystemExit(f"rlctl at {revision} printed no result:\n{output}")
+    per_s, first, last = (float(value) for value in found.groups())
+    # Its line gives the rate and the quarters' mean rewards: a two-entry list's quarters are those two.
+    return Outcome(f"rlctl at {revision}", steps, (steps - 1) / per_s, time.monotonic() - started, [first, last])
+
+
+_RESULT_LINE = re.compile(r"rlctl[^:\n]*: +([\d.]+) steps/s .*reward first quarter ([\d.]+), last quarter ([\d.]+)")
 
 
 def _in_child(function: Any, *args: Any) -> Outcome:
