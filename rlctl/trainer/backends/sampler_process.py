@@ -23,11 +23,13 @@ max, and one core idled (issue 40: 51.5 ms a step against 28.4 ms for the longer
 Opt-in (`tinker.sampler: process`; the default is `thread`): on a machine whose cores other work keeps busy there
 is no idle core to take, and the child then competes with the training step for the same cores. Measured by
 `benchmarks/sampler_overlap.py` (the overlap of sampling and training in one process, and the CPU each costs) and
-`benchmarks/peer_trl.py --only rlctl --samplers` (the offline echo pipeline with each sampler); figures in
-docs/TRAINER.md#local-sampling: on a quiet 2-core machine it gives issue 40's goal (>= 1.6x the pipeline's steps/s
-when the issue was filed, 1.64-1.74x) where the thread sampler gives 1.49-1.58x, but beside other work it lost
-(0.60-0.81x the thread sampler at load average 7-11). Make it the default when it also holds its own on a busy
-machine (e.g. by sampling on the cores the step leaves idle only); delete it (the thread sampler then serves every case)
+`benchmarks/peer_trl.py --only rlctl --samplers --against badaac7` (the offline echo pipeline with each sampler,
+beside the code of issue 40's filing in the same run); figures in docs/TRAINER.md#local-sampling: alone beside
+training it overlaps fully (1.95, against 1.22 for the thread), but in the pipeline it gives 1.21x the filing's
+steps/s where the thread sampler gives 1.15x (issue 40's goal: 1.6x), since atroposlib's environment loop, not
+sampling, now holds the pipeline; beside other work it lost (0.60-0.81x the thread sampler at load average 7-11).
+Make it the default when it also holds its own on a busy machine (e.g. by sampling on the cores the step leaves
+idle only) and the pipeline is no longer held elsewhere; delete it (the thread sampler then serves every case)
 when sampling and training no longer contend for one interpreter lock (a free-threaded interpreter, or sampling
 that spends its time outside Python), or if a quiet machine shows no gain.
 """
