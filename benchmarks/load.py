@@ -212,14 +212,20 @@ async def _connection(
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
     """(status, whether the connection stays open); the body is read and dropped."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
+    status, headers = _parsed_head(await reader.readuntil(b"\r\n\r\n"))
+    await reader.readexactly(int(headers["content-length"]))
+    return status, headers.get("connection", "").lower() != "close"
+
+
+def _parsed_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """An answer's status and headers (lower-cased names), from its head; the benchmarks' answers all say their
+    body's length."""
+    lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
     headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
     if "content-length" not in headers:
         raise ValueError("a response without Content-Length")
-    await reader.readexactly(int(headers["content-length"]))
-    return status, headers.get("connection", "").lower() != "close"
+    return status, headers
 
 
 def run_paced(base_url: str, paths: list[str], per_second: float, seconds: float) -> LoadResult:
@@ -257,12 +263,12 @@ def _paced(base_url: str, paths: list[str], per_second: float, seconds: float) -
 
 
 def _read_answer(answers: BinaryIO) -> int:
-    """The status of the next answer; its body is read and dropped."""
-    status = int(answers.readline().split(b" ", 2)[1])
-    length = 0
-    while (line := answers.readline()) not in (b"\r\n", b""):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    answers.read(length)
+    """The status of the next answer (`_read_response`'s, from a blocking socket); its body is read and dropped."""
+    lines = [answers.readline()]
+    while lines[-1] not in (b"\r\n", b""):
+        lines.append(answers.readline())
+    if lines[-1] == b"":
+        raise ConnectionError("the server closed the connection")
+    status, headers = _parsed_head(b"".join(lines))
+    answers.read(int(headers["content-length"]))
     return status
